@@ -1,0 +1,75 @@
+"""ActorService adapter: decode, validate, call the ActorWorker on its thread, encode."""
+from __future__ import annotations
+
+import os
+
+from services.actor.worker import ActorWorker
+from tandem.data import codec, schemas
+from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from tandem.rpc.worker_thread import WorkerThread
+from tandem.v1 import actor_pb2, common_pb2
+
+SERVICE = "tandem.v1.ActorService"
+UPDATE_KEYS = ("old_log_probs", "advantages")
+
+
+class ActorServicer:
+    def __init__(self, worker: ActorWorker, thread: WorkerThread):
+        self.worker = worker
+        self.thread = thread
+
+    def _decode(self, request, float_keys=()):
+        batch = codec.decode_batch(request.batch)
+        schemas.check_sequences(batch, self.worker.vocab_size, float_keys)
+        temperature = batch.meta.get("temperature", 1.0)
+        if not isinstance(temperature, (int, float)) or not temperature > 0:
+            raise InvalidArgument(f"meta 'temperature': must be a number > 0, got {temperature!r}")
+        return batch
+
+    async def ComputeLogProb(self, request, context):
+        batch = self._decode(request)
+        out = await self.thread.run(self.worker.compute_log_prob, batch, request.calculate_entropy)
+        return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
+
+    async def ComputeRefLogProb(self, request, context):
+        batch = self._decode(request)
+        out = await self.thread.run(self.worker.compute_ref_log_prob, batch)
+        return actor_pb2.ComputeRefLogProbResponse(batch=codec.encode_batch(out))
+
+    async def UpdateActor(self, request, context):
+        keys = UPDATE_KEYS + (("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ())
+        batch = self._decode(request, keys)
+        metrics = await self.thread.run(self.worker.update_actor, batch)
+        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+
+    async def TrainSft(self, request, context):
+        batch = codec.decode_batch(request.batch)
+        schemas.check_sft(batch, self.worker.vocab_size)
+        metrics = await self.thread.run(self.worker.train_sft, batch)
+        return actor_pb2.TrainSftResponse(metrics=metrics, weights_version=self.worker.weights_version)
+
+    async def SetReference(self, request, context):
+        await self.thread.run(self.worker.set_reference)
+        return actor_pb2.SetReferenceResponse()
+
+    async def ExportWeights(self, request, context):
+        weights = await self.thread.run(self.worker.export_weights)
+        return actor_pb2.ExportWeightsResponse(weights=codec.encode_named(weights),
+                                               weights_version=self.worker.weights_version)
+
+    async def SaveCheckpoint(self, request, context):
+        if not request.path:
+            raise InvalidArgument("path: must not be empty")
+        path = await self.thread.run(self.worker.save, request.path)
+        return common_pb2.SaveCheckpointResponse(path=path)
+
+    async def LoadCheckpoint(self, request, context):
+        if request.trunk_only:
+            raise InvalidArgument("trunk_only: only the critic loads a trunk")
+        if not os.path.isfile(request.path):
+            raise NotFound(f"path: checkpoint {request.path!r} does not exist")
+        try:
+            version = await self.thread.run(self.worker.load, request.path)
+        except (KeyError, RuntimeError) as e:
+            raise FailedPrecondition(f"path: {request.path!r} is not an actor checkpoint of this model: {e}") from None
+        return common_pb2.LoadCheckpointResponse(weights_version=version)

@@ -1,0 +1,34 @@
+"""Standalone rollout service: its own copy of the policy, refreshed by LoadWeights.
+
+`python -m services.rollout --config RUN.yaml`. Disaggregated mode: the controller
+moves the actor's weights here after every update (ExportWeights -> LoadWeights).
+"""
+from __future__ import annotations
+
+from tandem.models.build import build_gpt_model
+from tandem.models.shape_from_config import model_shape
+from tandem.rollout.servicer import SERVICE, RolloutServicer
+from tandem.rollout.worker import RolloutWorker
+from tandem.rpc.launch import init_service, load_tokenizer, parse_args
+from tandem.rpc.server import run_server, serve
+from tandem.rpc.worker_thread import WorkerThread
+
+
+def main(argv=None) -> None:
+    args = parse_args("rollout", argv)
+    cfg = args.cfg
+    init_service("rollout", args, cfg.services.rollout.torch_threads, cfg.actor_rollout_ref.actor.megatron.seed)
+    tokenizer = load_tokenizer(cfg)
+    model = build_gpt_model(model_shape(cfg.actor_rollout_ref.model, len(tokenizer))).eval()
+    worker = RolloutWorker(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+                           vocab_size=model.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
+    thread = WorkerThread("rollout")
+    try:
+        run_server(serve([(SERVICE, RolloutServicer(worker, thread))], role="rollout",
+                         host=args.host, port=args.port, port_file=args.port_file))
+    finally:
+        thread.shutdown(wait=False)
+
+
+if __name__ == "__main__":
+    main()

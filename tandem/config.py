@@ -1,0 +1,264 @@
+"""Typed configuration for a run: one dataclass per section, verl's key names.
+
+Loaded with OmegaConf (YAML file + dotted overrides). Unknown keys are errors that
+name the nearest known keys; values are checked in `validate()` with the dotted key in
+every message. Services read the same resolved file and take their own section.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # Hugging Face directory (Megatron-sharded roles issue); None = built-in
+    tokenizer_path: Optional[str] = None  # None = the built-in task's character tokenizer
+    hidden_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 384
+    max_position_embeddings: int = 32
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    clip_grad: float = 1.0
+    lr_warmup_steps: int = 0
+
+
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    seed: int = 1
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n rows)
+    ppo_micro_batch_size_per_gpu: int = 64  # rows per forward/backward
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off (verl)
+    max_batch_size: int = 512  # rows decoded together
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 64
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ppo_mini_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 64
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    init_from_policy: bool = True  # trunk from the (SFT) policy, fresh value head
+
+
+@dataclass
+class RewardModelConfig:
+    default_rule: str = "arithmetic"  # rule for rows whose data_source names no rule
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
+    val_files: Optional[str] = None
+    train_batch_size: int = 32  # prompts per step
+    max_prompt_length: int = 16
+    max_response_length: int = 6
+    shuffle: bool = True
+    seed: int = 1
+    builtin_train_size: int = 20000
+    builtin_val_size: int = 256
+
+
+@dataclass
+class SftConfig:
+    total_steps: int = 0  # 0 = no SFT warm start
+    batch_size: int = 64
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    data_seed: int = 7
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "tandem"
+    experiment_name: str = "arithmetic_grpo"
+    total_training_steps: int = 40
+    default_local_dir: str = "runs"
+    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    test_freq: int = 0  # validate every N steps (0 = only before and after RL)
+    seed: int = 1
+    sft: SftConfig = field(default_factory=SftConfig)
+
+
+@dataclass
+class ServiceEndpoint:
+    endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
+    torch_threads: int = 1
+
+
+@dataclass
+class ServicesConfig:
+    actor: ServiceEndpoint = field(default_factory=lambda: ServiceEndpoint(torch_threads=2))
+    rollout: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    startup_timeout_s: float = 180.0
+    rpc_timeout_s: float = 600.0
+
+
+@dataclass
+class TandemConfig:
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
+
+
+class ConfigError(ValueError):
+    """A bad config value or key; the message names the dotted key."""
+
+
+def _known_keys(node, prefix="") -> list[str]:
+    keys = []
+    for k, v in node.items():
+        path = f"{prefix}{k}"
+        keys.append(path)
+        if OmegaConf.is_dict(v):
+            keys.extend(_known_keys(v, path + "."))
+    return keys
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TandemConfig:
+    """Defaults <- YAML file <- dotted overrides; returns a validated TandemConfig."""
+    base = OmegaConf.structured(TandemConfig)
+    try:
+        layers = [base]
+        if path:
+            layers.append(OmegaConf.load(path))
+        if overrides:
+            bad = [o for o in overrides if "=" not in o]
+            if bad:
+                raise ConfigError(f"override {bad[0]!r} is not of the form key=value")
+            layers.append(OmegaConf.from_dotlist(overrides))
+        merged = OmegaConf.merge(*layers)
+    except ConfigKeyError as e:
+        key = getattr(e, "full_key", None) or str(e)
+        near = difflib.get_close_matches(str(key), _known_keys(base), n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
+        raise ConfigError(f"unknown config key {key!r}{hint}") from None
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise ConfigError(f"bad config value for {key!r}: {str(e).splitlines()[0]}") from None
+    cfg: TandemConfig = OmegaConf.to_object(merged)
+    validate(cfg)
+    return cfg
+
+
+def to_yaml(cfg: TandemConfig) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def _check(ok: bool, key: str, msg: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def validate(cfg: TandemConfig) -> None:
+    a, d, t = cfg.actor_rollout_ref, cfg.data, cfg.trainer
+    _check(cfg.algorithm.adv_estimator in ("grpo", "gae"), "algorithm.adv_estimator",
+           f"{cfg.algorithm.adv_estimator!r} is not available yet; known: ['gae', 'grpo']")
+    _check(a.rollout.mode in ("colocated", "standalone"), "actor_rollout_ref.rollout.mode",
+           f"{a.rollout.mode!r}; known: ['colocated', 'standalone']")
+    _check(a.rollout.n >= 1, "actor_rollout_ref.rollout.n", "must be >= 1")
+    _check(cfg.algorithm.adv_estimator != "grpo" or a.rollout.n >= 2, "actor_rollout_ref.rollout.n",
+           "grpo needs at least 2 samples per prompt")
+    _check(a.rollout.temperature > 0, "actor_rollout_ref.rollout.temperature", "must be > 0")
+    _check(0 < a.rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
+    _check(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
+    _check(d.max_response_length >= 1, "data.max_response_length", "must be >= 1")
+    _check(a.actor.ppo_mini_batch_size >= 1 and d.train_batch_size % a.actor.ppo_mini_batch_size == 0,
+           "actor_rollout_ref.actor.ppo_mini_batch_size",
+           f"{a.actor.ppo_mini_batch_size} must divide data.train_batch_size={d.train_batch_size}")
+    _check(a.actor.loss_agg_mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                                     "seq-mean-token-sum-norm"),
+           "actor_rollout_ref.actor.loss_agg_mode", f"unknown mode {a.actor.loss_agg_mode!r}")
+    _check(a.actor.megatron.pipeline_model_parallel_size == 1,
+           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+           "pipeline parallelism is not available yet")
+    _check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
+    unknown = set(t.logger) - {"console", "jsonl", "tensorboard"}
+    _check(not unknown, "trainer.logger", f"unknown {sorted(unknown)}; known: console, jsonl, tensorboard")
+    _check(a.model.path is None, "actor_rollout_ref.model.path",
+           "Hugging Face checkpoints are not supported yet (built-in model only)")
+    need = d.max_prompt_length + d.max_response_length
+    _check(a.model.max_position_embeddings >= need, "actor_rollout_ref.model.max_position_embeddings",
+           f"{a.model.max_position_embeddings} < data.max_prompt_length + data.max_response_length = {need}")

@@ -1,0 +1,103 @@
+"""The one place that decides device and dtype, plus the megatron-core CPU shim.
+
+Everything else asks this module for the device (`device()`), the parameter dtype
+(`param_dtype()`) and must never call `torch.cuda.*` directly.
+
+megatron-core assumes CUDA in a few places (`torch.cuda.current_device()` for
+parameter placement, `torch.cuda.synchronize()`, the CUDA RNG tracker). On a
+host without CUDA, `install_cpu_compat()` makes those calls answer for the CPU:
+GPTModel then builds, and TP forward/backward runs over gloo. Pipeline
+schedules hard-code "cuda", so PP > 1 is refused on CPU (see dist/parallel.py).
+The shim touches nothing when CUDA is present.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_compat_installed = False
+
+
+def has_cuda() -> bool:
+    return torch.cuda.is_available()
+
+
+def device() -> torch.device:
+    """The compute device of this process (its local GPU, or the CPU)."""
+    return torch.device("cuda", torch.cuda.current_device()) if has_cuda() else torch.device("cpu")
+
+
+def backend() -> str:
+    """torch.distributed backend for the device group."""
+    return "nccl" if has_cuda() else "gloo"
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    try:
+        return _DTYPES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; known: {sorted(_DTYPES)}") from None
+
+
+def set_local_device(local_rank: int) -> None:
+    if has_cuda():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+
+
+def synchronize() -> None:
+    if has_cuda():
+        torch.cuda.synchronize()
+
+
+def manual_seed(seed: int) -> None:
+    """Seed torch and megatron's model-parallel RNG tracker (CUDA or CPU)."""
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(seed)
+    # On CPU the tracker installed by install_cpu_compat() forks the CPU RNG state.
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def install_cpu_compat() -> None:
+    """Make megatron-core's CUDA assumptions hold on a CPU-only host. Idempotent."""
+    global _compat_installed
+    if has_cuda() or _compat_installed:
+        return
+    _compat_installed = True
+    torch.cuda.current_device = lambda: "cpu"  # parameters land on the CPU
+    torch.cuda.synchronize = lambda *a, **k: None
+    torch.cuda.empty_cache = lambda: None
+    _patch_rng_tracker()
+
+
+def _patch_rng_tracker() -> None:
+    """megatron's CudaRNGStatesTracker swaps CUDA RNG states; on CPU swap the CPU state."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        def add(self, name, seed):
+            if name in self.states_:
+                raise Exception(f"cuda rng state {name} already exists")
+            saved = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(saved)
+            self.seeds_.add(seed)
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"cuda rng state {name} is not added")
+            saved = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(saved)
+
+    mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True

@@ -1,0 +1,56 @@
+"""Parallel layout of one service's process group, validated once, and its initialisation.
+
+A service is a group of tp x pp x dp ranks. This module checks the layout against the
+world size and the model shape (with every number in the message), starts
+torch.distributed (gloo on CPU, NCCL on GPU) and megatron's parallel_state.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tandem.dist import device
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+
+    def dp(self, world_size: int) -> int:
+        return world_size // (self.tp * self.pp)
+
+    def validate(self, world_size: int, num_heads: int, num_query_groups: int) -> None:
+        problems = []
+        if self.tp < 1 or self.pp < 1:
+            problems.append(f"tensor_model_parallel_size={self.tp} and pipeline_model_parallel_size={self.pp} must be >= 1")
+        elif world_size % (self.tp * self.pp):
+            problems.append(f"world size {world_size} is not divisible by tp x pp = {self.tp} x {self.pp}")
+        if num_heads % self.tp:
+            problems.append(f"num_attention_heads={num_heads} is not divisible by tp={self.tp}")
+        if num_query_groups % self.tp:
+            problems.append(f"num_query_groups={num_query_groups} is not divisible by tp={self.tp}")
+        if self.pp > 1 and not device.has_cuda():
+            problems.append(f"pipeline_model_parallel_size={self.pp}: pipeline parallelism needs GPUs "
+                            "(megatron-core's schedules hard-code CUDA)")
+        if problems:
+            raise ValueError("invalid parallel layout: " + "; ".join(problems))
+
+
+def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
+                     init_method: str, seed: int) -> None:
+    """Start torch.distributed and megatron parallel_state for this rank."""
+    from megatron.core import parallel_state
+
+    device.install_cpu_compat()
+    device.set_local_device(int(os.environ.get("LOCAL_RANK", rank)))
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(
+            backend=device.backend(), init_method=init_method, rank=rank,
+            world_size=world_size, timeout=datetime.timedelta(minutes=30))
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp)
+    device.manual_seed(seed)

@@ -1,0 +1,34 @@
+"""Running a GPTModel on padded token batches: masks and the response slice.
+
+Layout (verl's): each row is [left-padded prompt | right-padded response], with
+`attention_mask` [B, T] = 1 on real tokens. RoPE scores depend only on relative
+positions, so a row's left padding does not change its outputs once pad keys are masked.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] (1 = real token) -> megatron bool mask [B, 1, T, T], True = do not attend.
+
+    Causal over real keys; every query may attend to itself, so padding queries have a
+    non-empty row (their outputs are ignored) and SDPA never sees an all-masked row.
+    """
+    b, t = attention_mask.shape
+    valid = attention_mask.bool()
+    causal = torch.ones(t, t, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = causal[None] & valid[:, None, :]
+    allowed |= torch.eye(t, dtype=torch.bool, device=attention_mask.device)[None]
+    return ~allowed[:, None]
+
+
+def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] tokens -> [B, T, V/tp] logits (or [B, T, 1] values for a scalar head)."""
+    return model(input_ids, None, attention_mask_4d(attention_mask))
+
+
+def response_slice(full: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Outputs that predict the response tokens: positions T-R-1 .. T-2 of a [B, T, ...] tensor."""
+    t = full.shape[1]
+    return full[:, t - response_length - 1: t - 1]

@@ -1,0 +1,65 @@
+"""Log-probs and entropy from (vocab-parallel) logits: one definition for actor AND rollout.
+
+Logits are the model's [..., V/tp] vocab shard. Temperature is applied here (logits / T)
+so rollout log-probs and the actor's recomputed log-probs are the same quantity.
+Computation is fp32 whatever the model dtype.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _tp_group():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+def _tp_size() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_world_size()
+
+
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """fp32 copy of logits / temperature (always a new tensor: callers may modify it)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
+    return logits.float() / temperature
+
+
+def log_probs_from_logits(logits: torch.Tensor, labels: torch.Tensor,
+                          temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T)[labels]. logits [..., V/tp], labels [...] -> [...] fp32."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # megatron's CE subtracts the max in place: give it its own tensor.
+    return -vocab_parallel_cross_entropy(scale_logits(logits, temperature), labels)
+
+
+def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy of softmax(logits / T) over the full (TP-split) vocabulary. [..., V/tp] -> [...]."""
+    z = scale_logits(logits, temperature)
+    if _tp_size() == 1:
+        logp = torch.log_softmax(z, dim=-1)
+        return -(logp.exp() * logp).sum(-1)
+    from torch.distributed.nn.functional import all_reduce
+
+    group = _tp_group()
+    z_max = z.detach().amax(-1, keepdim=True)
+    torch.distributed.all_reduce(z_max, op=torch.distributed.ReduceOp.MAX, group=group)
+    z = z - z_max
+    exp_z = z.exp()
+    sum_exp = all_reduce(exp_z.sum(-1), group=group)
+    sum_pz = all_reduce((exp_z * z).sum(-1), group=group)
+    # H = log sum exp(z) - E_p[z]
+    return sum_exp.log() - sum_pz / sum_exp
+
+
+def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits on every TP rank ([..., V/tp] -> [..., V])."""
+    if _tp_size() == 1:
+        return logits
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    return gather_from_tensor_model_parallel_region(logits)

@@ -1,0 +1,61 @@
+"""RolloutWorker: generation on a megatron-core GPTModel, owned or shared.
+
+Colocated (hybrid engine): the worker wraps the actor's own policy module, so the
+rollout always sees the latest weights with no copy. Standalone: it builds its own
+model and receives weights through `load_weights` after each actor update.
+"""
+from __future__ import annotations
+
+import torch
+
+from tandem import checkpoint
+from tandem.data.batch import DataProto
+from tandem.generation.engine import GenerationEngine
+from tandem.generation.sampling import SamplingParams
+
+
+class RolloutWorker:
+    def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int):
+        self.model = model
+        self.engine = GenerationEngine(model, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size,
+                                       max_batch_size=max_batch_size)
+        self.vocab_size = vocab_size
+        self.weights_version = 0
+
+    def generate_sequences(self, batch: DataProto, params: SamplingParams) -> DataProto:
+        """Prompts (left-padded input_ids / attention_mask [B, Lp]) -> B * n rows of
+        prompts, responses, response_mask, input_ids, attention_mask, rollout_log_probs,
+        with the request's other tensors and columns repeated n times (prompt-major)."""
+        ids, mask = batch["input_ids"], batch["attention_mask"]
+        prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        res = self.engine.generate(prompts, params)
+        out = DataProto(tensors={
+            "prompts": res.prompts,
+            "responses": res.responses,
+            "response_mask": res.response_mask,
+            "input_ids": torch.cat([res.prompts, res.responses], dim=1),
+            "attention_mask": torch.cat([res.prompt_mask, res.response_mask], dim=1),
+            "rollout_log_probs": res.rollout_log_probs,
+        }, meta={"temperature": params.logprob_temperature, "rollout_n": params.n,
+                 "weights_version": self.weights_version})
+        rest = batch.select(tensor_keys=[k for k in batch.tensors if k not in ("input_ids", "attention_mask")],
+                            column_keys=list(batch.columns))
+        if len(rest.tensors) or len(rest.columns):
+            rest.meta = {}
+            out = out.union(rest.repeat(params.n, interleave=True))
+        return out
+
+    def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
+        """Replace all weights at once (strict: every name and shape must match)."""
+        current = checkpoint.model_weights(self.model)
+        missing = sorted(set(current) - set(weights))
+        unexpected = sorted(set(weights) - set(current))
+        if missing or unexpected:
+            raise ValueError(f"weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        for name, t in weights.items():
+            if tuple(t.shape) != tuple(current[name].shape):
+                raise ValueError(f"weights: tensor {name!r} has shape {list(t.shape)}, "
+                                 f"expected {list(current[name].shape)}")
+        self.model.load_state_dict(weights, strict=False)
+        self.weights_version = version
+        return version

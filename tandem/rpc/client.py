@@ -1,0 +1,101 @@
+"""Async gRPC client base: channel options, deadlines, metadata, error mapping.
+
+`ServiceClient` wraps one generated stub. Every call has a deadline, carries
+the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id,
+and turns a failed call into the matching `TandemError` subclass with the
+message "<Service>.<Method>: <details>". No retries here: the controller
+decides what is safe to repeat (an update is not).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tandem.rpc.errors import Unavailable, error_from_rpc
+
+
+def make_channel(endpoint: str, max_message_mb: int = 512) -> grpc.aio.Channel:
+    """An insecure grpc.aio channel with deliberate message-size limits."""
+    max_bytes = max_message_mb * 1024 * 1024
+    return grpc.aio.insecure_channel(endpoint, options=[
+        ("grpc.max_send_message_length", max_bytes),
+        ("grpc.max_receive_message_length", max_bytes),
+    ])
+
+
+def _md_key(key: str) -> str:
+    """step -> x-step, run_id -> x-run-id; keys already starting with x- kept."""
+    key = key.lower().replace("_", "-")
+    return key if key.startswith("x-") else f"x-{key}"
+
+
+class ServiceClient:
+    """One endpoint, one stub; `await client.call("Score", request)`."""
+
+    def __init__(self, endpoint: str, stub_cls: type, *, timeout_s: float = 600,
+                 metadata: dict | None = None, max_message_mb: int = 512):
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self.service = stub_cls.__name__.removesuffix("Stub")
+        self._metadata: dict[str, str] = {}
+        self.set_metadata(**(metadata or {}))
+        self._channel = make_channel(endpoint, max_message_mb)
+        self.stub = stub_cls(self._channel)
+
+    @property
+    def channel(self) -> grpc.aio.Channel:
+        return self._channel
+
+    def set_metadata(self, **kv: Any) -> None:
+        """Set metadata sent with every call (e.g. step=3, run_id="r1"); None removes."""
+        for k, v in kv.items():
+            if v is None:
+                self._metadata.pop(_md_key(k), None)
+            else:
+                self._metadata[_md_key(k)] = str(v)
+
+    async def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        """Call `method` with a deadline; raise the TandemError for a failed call."""
+        fn = getattr(self.stub, method, None)
+        if fn is None:
+            raise AttributeError(f"{self.service} has no method '{method}'")
+        md = (*self._metadata.items(), ("x-request-id", uuid.uuid4().hex[:16]))
+        try:
+            return await fn(request, timeout=timeout_s or self.timeout_s, metadata=md)
+        except grpc.aio.AioRpcError as e:
+            raise error_from_rpc(e, f"{self.service}.{method}") from None
+
+    async def wait_healthy(self, timeout_s: float = 60, poll_s: float = 0.2, service: str = "") -> None:
+        """Poll grpc.health.v1 Check until SERVING; Unavailable naming the endpoint on timeout."""
+        stub = health_pb2_grpc.HealthStub(self._channel)
+        deadline = time.monotonic() + timeout_s
+        last = "no answer"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                resp = await stub.Check(health_pb2.HealthCheckRequest(service=service),
+                                        timeout=max(min(left, 5.0), 0.05))
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status)
+            except grpc.aio.AioRpcError as e:
+                last = f"{e.code().name}: {e.details()}"
+            if time.monotonic() + poll_s > deadline:
+                raise Unavailable(f"{self.service} at {self.endpoint} not SERVING after {timeout_s:g}s "
+                                  f"(last: {last})")
+            await asyncio.sleep(poll_s)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> "ServiceClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()

@@ -1,0 +1,174 @@
+"""Build and run a Tandem gRPC server (grpc.aio, on uvloop via `run_server`).
+
+`serve` registers servicers from the proto service descriptors (not from the
+generated *_pb2_grpc helpers), so every method gets the same wrapper:
+
+- a request that does not parse answers INVALID_ARGUMENT
+  "request could not be parsed as tandem.v1.XRequest: ..." (grpc's default
+  would be a bare INTERNAL/UNKNOWN);
+- TandemError -> its status code and message; any other exception ->
+  INTERNAL "ExcType: message" with the traceback logged. The process keeps
+  serving either way;
+- a method the servicer lacks answers UNIMPLEMENTED.
+
+Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
+(NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
+SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
+atomically once SERVING (removed at stop), per-RPC logs and optional
+Prometheus metrics via `tandem.rpc.interceptors`. Servicer methods are
+`async def M(self, request, context)`; model work belongs on a
+`WorkerThread`, never on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Any, Awaitable, Callable
+
+import grpc
+from google.protobuf import descriptor_pool, message_factory
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from tandem.logging import get_logger
+from tandem.metrics import RpcMetrics, start_metrics_server
+from tandem.rpc.errors import TandemError
+from tandem.rpc.interceptors import ContextInterceptor
+from tandem.v1 import actor_pb2, critic_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the descriptor pool)
+
+_log = get_logger("tandem.rpc.server")
+
+
+class _Unparsed:
+    """Stands in for a request whose bytes did not parse."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+
+def _lenient(cls) -> Callable[[bytes], Any]:
+    def deserialize(data: bytes):
+        try:
+            return cls.FromString(data)
+        except Exception as e:  # noqa: BLE001 - any parse failure becomes INVALID_ARGUMENT
+            return _Unparsed(e)
+    return deserialize
+
+
+def _wrap(fn, service: str, method, input_full_name: str):
+    name = f"{service}.{method}"
+
+    async def handler(request, context):
+        if isinstance(request, _Unparsed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request could not be parsed as {input_full_name}: {request.error}")
+        if fn is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+        try:
+            return await fn(request, context)
+        except TandemError as e:
+            await context.abort(e.code, str(e))
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise  # the servicer aborted itself, or the call was cancelled
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+            _log.exception("rpc.internal_error", rpc=name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    return handler
+
+
+def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHandler:
+    try:
+        desc = descriptor_pool.Default().FindServiceByName(service_full_name)
+    except KeyError:
+        raise ValueError(f"unknown gRPC service '{service_full_name}' (import its *_pb2 module first)") from None
+    handlers = {}
+    for m in desc.methods:
+        if m.client_streaming or m.server_streaming:
+            raise ValueError(f"{service_full_name}.{m.name}: streaming RPCs are not supported yet")
+        req_cls = message_factory.GetMessageClass(m.input_type)
+        fn = getattr(servicer, m.name, None)
+        if fn is None:
+            _log.warning("rpc.unimplemented", service=service_full_name, method=m.name)
+        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
+            _wrap(fn, desc.name, m.name, m.input_type.full_name),
+            request_deserializer=_lenient(req_cls),
+            response_serializer=lambda msg: msg.SerializeToString())
+    return grpc.method_handlers_generic_handler(service_full_name, handlers)
+
+
+def _write_port_file(path: str, port: int) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(f"{port}\n")
+    os.replace(tmp, path)
+
+
+async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127.0.0.1", port: int = 0,
+                port_file: str | None = None, max_message_mb: int = 512, grace_s: float = 5.0,
+                on_ready: Callable[[], Awaitable[Any]] | None = None,
+                metrics_port: int | None = None) -> None:
+    """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation."""
+    max_bytes = max_message_mb * 1024 * 1024
+    metrics = RpcMetrics(role)
+    server = grpc.aio.server(
+        interceptors=[ContextInterceptor(metrics)],
+        options=[("grpc.max_send_message_length", max_bytes),
+                 ("grpc.max_receive_message_length", max_bytes),
+                 ("grpc.so_reuseport", 0)])
+    health_servicer = health.aio.HealthServicer()
+    names = [""] + [name for name, _ in servicers]
+    for name in names:  # the aio servicer starts "" as SERVING; we are not yet
+        await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    server.add_generic_rpc_handlers([_generic_handler(name, obj) for name, obj in servicers])
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"{role}: could not bind {host}:{port}")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    installed = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass  # not the main thread (e.g. tests): rely on cancellation
+
+    httpd = start_metrics_server(metrics_port, metrics.registry) if metrics_port is not None else None
+    await server.start()
+    try:
+        if on_ready is not None:
+            await on_ready()
+        for name in names:
+            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+        if port_file:
+            _write_port_file(port_file, bound)
+        _log.info("server.serving", host=host, port=bound, services=names[1:],
+                  metrics_port=httpd.server_port if httpd else None)
+        await stop.wait()
+        _log.info("server.stopping", reason="signal", grace_s=grace_s)
+    finally:
+        await health_servicer.enter_graceful_shutdown()  # NOT_SERVING for every name
+        await server.stop(grace_s)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
+        if httpd is not None:
+            httpd.shutdown()
+        if port_file:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(port_file)  # a stale port file would point clients at nothing
+        _log.info("server.stopped")
+
+
+def run_server(coro: Awaitable[Any]) -> Any:
+    """Run `coro` (usually `serve(...)`) to completion on uvloop when installed."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is in requirements.txt
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)

@@ -1,0 +1,76 @@
+"""The built-in task: character-level addition, `a+b=` -> the sum, a and b in 0..999.
+
+It ships its own tokenizer (a Hugging Face fast tokenizer with one token per character,
+saved to disk and loaded back with AutoTokenizer like any other) and writes its data as
+parquet files in verl's schema, so the run goes through the same paths as user data.
+"""
+from __future__ import annotations
+
+import os
+import random
+
+DATA_SOURCE = "tandem/arithmetic"
+SPECIAL = ["<pad>", "<bos>", "<eos>"]
+CHARS = list("0123456789+=")
+
+
+def build_tokenizer(out_dir: str) -> str:
+    """Write a character tokenizer to out_dir (idempotent); return the directory."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
+        return out_dir
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()  # characters join without spaces
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
+                                  eos_token="<eos>")
+    tmp = out_dir + ".tmp"
+    tok.save_pretrained(tmp)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def make_problems(count: int, seed: int, exclude: set[str] | None = None) -> list[tuple[str, str]]:
+    """`count` distinct (prompt, answer) pairs, e.g. ("123+45=", "168")."""
+    rng = random.Random(seed)
+    seen = set(exclude or ())
+    out = []
+    while len(out) < count:
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        prompt = f"{a}+{b}="
+        if prompt in seen:
+            continue
+        seen.add(prompt)
+        out.append((prompt, str(a + b)))
+    return out
+
+
+def to_rows(problems: list[tuple[str, str]], split: str) -> list[dict]:
+    """verl's RL dataset schema."""
+    return [{
+        "data_source": DATA_SOURCE,
+        "prompt": [{"role": "user", "content": p}],
+        "ability": "arithmetic",
+        "reward_model": {"style": "rule", "ground_truth": a},
+        "extra_info": {"split": split, "index": i},
+    } for i, (p, a) in enumerate(problems)]
+
+
+def write_dataset(out_dir: str, train_size: int, val_size: int, seed: int) -> tuple[str, str]:
+    """Write train.parquet and val.parquet (disjoint prompts); return their paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(out_dir, exist_ok=True)
+    val = make_problems(val_size, seed=seed + 10_000)
+    train = make_problems(train_size, seed=seed, exclude={p for p, _ in val})
+    paths = []
+    for name, probs in (("train", train), ("val", val)):
+        path = os.path.join(out_dir, f"{name}.parquet")
+        pq.write_table(pa.Table.from_pylist(to_rows(probs, name)), path + ".tmp")
+        os.replace(path + ".tmp", path)
+        paths.append(path)
+    return paths[0], paths[1]

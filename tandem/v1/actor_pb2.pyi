@@ -1,0 +1,97 @@
+from tandem.v1 import common_pb2 as _common_pb2
+from tandem.v1 import data_pb2 as _data_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ComputeLogProbRequest(_message.Message):
+    __slots__ = ("batch", "calculate_entropy")
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    calculate_entropy: bool
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ...) -> None: ...
+
+class ComputeLogProbResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+
+class ComputeRefLogProbRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+
+class ComputeRefLogProbResponse(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+
+class UpdateActorRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+
+class UpdateActorResponse(_message.Message):
+    __slots__ = ("metrics", "weights_version")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.ScalarMap[str, float]
+    weights_version: int
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ...) -> None: ...
+
+class TrainSftRequest(_message.Message):
+    __slots__ = ("batch",)
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+
+class TrainSftResponse(_message.Message):
+    __slots__ = ("metrics", "weights_version")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    metrics: _containers.ScalarMap[str, float]
+    weights_version: int
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ...) -> None: ...
+
+class SetReferenceRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SetReferenceResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExportWeightsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ExportWeightsResponse(_message.Message):
+    __slots__ = ("weights", "weights_version")
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    weights: _data_pb2.NamedTensors
+    weights_version: int
+    def __init__(self, weights: _Optional[_Union[_data_pb2.NamedTensors, _Mapping]] = ..., weights_version: _Optional[int] = ...) -> None: ...
