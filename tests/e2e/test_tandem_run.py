@@ -1,0 +1,127 @@
+"""`tandem run` end to end as a subprocess, on tiny settings: GRPO with the colocated rollout,
+PPO (GAE + critic) with a standalone rollout. Checks the run directory's files, the metrics,
+that every role ran as its own OS process, and that none is left afterwards."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_training_steps=2",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=200",
+        "data.builtin_val_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "critic.ppo_mini_batch_size=2", "services.actor.torch_threads=1",
+        # pinned so that changes of the defaults do not change what this test checks
+        "data.max_prompt_length=16", "data.max_response_length=6", "trainer.test_freq=0",
+        "trainer.logger=[console,jsonl,tensorboard]", "critic.init_from_policy=true"]
+STEPS = 2
+STEP_KEYS = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "response_length/mean", "timing_s/step"]
+
+CASES = {
+    "grpo_colocated": (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated"],
+                       {"actor", "reward"}),
+    "ppo_standalone": (["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone"],
+                       {"actor", "reward", "rollout", "critic"}),
+}
+
+
+def service_role(proc: psutil.Process) -> str | None:
+    """'actor' for `python -m services.actor ...`, else None."""
+    try:
+        cmd = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    for i, arg in enumerate(cmd[:-1]):
+        if arg == "-m" and cmd[i + 1].startswith("services."):
+            return cmd[i + 1].split(".", 1)[1]
+    return None
+
+
+def run_tandem(overrides: list[str], timeout_s: float = 240) -> tuple[int, str, str, dict[str, set[int]]]:
+    """Run `python -m controller run ...`; while it runs, record the pids of its service children."""
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen: dict[str, set[int]] = {}
+    parent = psutil.Process(proc.pid)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"tandem run did not finish in {timeout_s}s")
+            try:
+                children = parent.children(recursive=True)
+            except psutil.NoSuchProcess:
+                break
+            for child in children:
+                role = service_role(child)
+                if role:
+                    seen.setdefault(role, set()).add(child.pid)
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out, err, seen
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tandem_run(case, tmp_path):
+    overrides, roles = CASES[case]
+    rc, out, err, pids = run_tandem([*TINY, *overrides, f"trainer.default_local_dir={tmp_path}",
+                                     f"trainer.experiment_name={case}"])
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    (run_name,) = os.listdir(tmp_path)
+    run_dir = tmp_path / run_name
+    assert run_name.startswith(case) and str(run_dir) in out
+
+    # summary
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("val_accuracy_after_sft", "val_accuracy_final", "rl_gain"):
+        assert isinstance(summary[key], float), key
+        assert -1.0 <= summary[key] <= 1.0
+    assert summary["rl_gain"] == pytest.approx(summary["val_accuracy_final"] - summary["val_accuracy_after_sft"])
+    assert summary["adv_estimator"] == ("gae" if "ppo" in case else "grpo") and summary["val_size"] == 16
+    out_lines = out.splitlines()
+    start = out_lines.index("{")
+    printed = json.loads("\n".join(out_lines[start: out_lines.index("}", start) + 1]))
+    assert printed["val_accuracy_final"] == summary["val_accuracy_final"]
+
+    # metrics: one line per RL step with the step keys (plus val/accuracy lines)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    step_lines = [m for m in lines if "actor/pg_loss" in m]
+    assert [m["step"] for m in step_lines] == list(range(1, STEPS + 1))
+    keys = STEP_KEYS + (["critic/vf_loss"] if "ppo" in case else [])
+    for m in step_lines:
+        for k in keys:
+            assert isinstance(m.get(k), (int, float)), f"step {m['step']}: {k} missing"
+        assert 1 <= m["response_length/mean"] <= 6 and m["timing_s/step"] > 0
+        assert 0.0 <= m["critic/score/mean"] <= 1.0
+    if "ppo" not in case:
+        assert all("critic/vf_loss" not in m for m in lines)
+    assert any(m["step"] == 0 and "val/accuracy" in m for m in lines)
+
+    # tensorboard, plot, checkpoints, logs
+    events = list((run_dir / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and events[0].stat().st_size > 0
+    png = run_dir / "curves.png"
+    assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ckpt = run_dir / "checkpoints" / f"global_step_{STEPS}"
+    assert (ckpt / "actor.pt").stat().st_size > 0
+    assert (ckpt / "critic.pt").is_file() == ("ppo" in case)
+    assert json.loads((ckpt / "controller_state.json").read_text())["global_step"] == STEPS
+    for role in roles:
+        log = (run_dir / "logs" / f"{role}.log").read_text()
+        assert '"event": "server.serving"' in log and f'"role": "{role}"' in log, role
+    assert {p.stem for p in (run_dir / "logs").glob("*.log")} == roles
+    assert not list((run_dir / "logs").glob("*.port"))  # removed by each service at stop
+
+    # every role was its own OS process, and none outlived the run
+    assert set(pids) == roles, f"saw service processes {pids}"
+    all_pids = [p for ps in pids.values() for p in ps]
+    assert all(len(ps) == 1 for ps in pids.values()) and len(set(all_pids)) == len(roles)
+    alive = [p for p in all_pids if psutil.pid_exists(p) and service_role(psutil.Process(p))]
+    assert not alive, f"service processes still alive after the run: {alive}"

@@ -1,0 +1,148 @@
+"""ActorWorker in process: on-policy first mini-batch, updates, SFT, reference, checkpoints."""
+import pytest
+import torch
+
+from tandem.data.batch import DataProto
+from tandem.generation.engine import left_pad
+from tandem.generation.sampling import SamplingParams
+
+SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+TEXTS = ["12+7=", "905+88=", "3+4=", "640+521="]
+N = 2
+
+
+def make_worker(tokenizer, *extra):
+    from services.actor.worker import ActorWorker
+    from tandem.config import load_config
+
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.tokenizer_path={tokenizer.name_or_path}",
+        "actor_rollout_ref.model.init_std=0.3", "actor_rollout_ref.model.hidden_size=64",
+        "actor_rollout_ref.model.intermediate_size=128",
+        "data.train_batch_size=4", f"actor_rollout_ref.rollout.n={N}",
+        # one mini-batch = 4 prompts x n=2 = 8 rows = the whole batch; 3 micro-batches (3, 3, 2)
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.actor.ppo_epochs=1",
+        "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.shuffle=false",
+        "actor_rollout_ref.actor.use_kl_loss=false", "trainer.sft.lr=3e-3", *extra])
+    return ActorWorker(cfg, len(tokenizer))
+
+
+@pytest.fixture
+def worker(megatron_dist, arithmetic_tokenizer):
+    return make_worker(arithmetic_tokenizer)
+
+
+def generate(worker, tokenizer, seed=7) -> DataProto:
+    from tandem.rollout.worker import RolloutWorker
+
+    rows = [[tokenizer.bos_token_id] + tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    rollout = RolloutWorker(worker.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+                            vocab_size=worker.vocab_size, max_batch_size=64)
+    gen = rollout.generate_sequences(DataProto(tensors={"input_ids": ids, "attention_mask": mask}),
+                                     SamplingParams(max_new_tokens=6, temperature=0.9, n=N, seed=seed))
+    seq = gen.select(tensor_keys=SEQ_KEYS)
+    seq.meta = {"temperature": gen.meta["temperature"], "rollout_n": N}
+    return seq
+
+
+def weights(worker):
+    return {k: v.clone() for k, v in worker.export_weights().items()}
+
+
+def training_batch(worker, seq, seed=0):
+    batch = seq.union(worker.compute_log_prob(seq))
+    g = torch.Generator().manual_seed(seed)
+    batch.tensors["advantages"] = torch.randn(seq["responses"].shape, generator=g)
+    return batch
+
+
+def test_first_minibatch_is_exactly_on_policy(worker, arithmetic_tokenizer):
+    seq = generate(worker, arithmetic_tokenizer)
+    assert len(seq) == len(TEXTS) * N
+    before = weights(worker)
+    batch = training_batch(worker, seq)
+    metrics = worker.update_actor(batch)
+    # ppo_mini_batch_size (4) x rollout n (2) = 8 rows = the whole batch, one epoch:
+    # the metrics come from the first mini-batch only, recomputed with the old weights
+    assert metrics["actor/ppo_kl"] == 0.0
+    assert metrics["actor/pg_clipfrac"] == 0.0
+    assert metrics["actor/pg_clipfrac_lower"] == 0.0
+    assert metrics["actor/grad_norm"] > 0
+    assert worker.weights_version == 1
+    after = weights(worker)
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed, "update_actor did not change any weight"
+    assert any("decoder.layers" in k for k in changed) and any("output_layer" in k for k in changed)
+    # a second update on the same (now stale) batch is off-policy: ppo_kl is no longer 0
+    assert worker.update_actor(batch)["actor/ppo_kl"] != 0.0
+
+
+def test_two_minibatches_second_is_off_policy(megatron_dist, arithmetic_tokenizer):
+    """Control for the test above: with 2 mini-batches the averaged ppo_kl includes a
+    mini-batch computed after an optimizer step, so it is not 0."""
+    w = make_worker(arithmetic_tokenizer, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
+    metrics = w.update_actor(training_batch(w, generate(w, arithmetic_tokenizer)))
+    assert metrics["actor/ppo_kl"] != 0.0
+
+
+def test_sft_reduces_loss_on_repeated_batch(worker, arithmetic_tokenizer):
+    from controller.sft import sft_batch
+    from controller.data import Example
+
+    tok = arithmetic_tokenizer
+    examples = [Example([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"], t,
+                        str(eval(t[:-1])), "tandem/arithmetic", {}) for t in TEXTS]
+    batch = sft_batch(examples, tok)
+    before = weights(worker)
+    losses = [worker.train_sft(batch)["sft/loss"] for _ in range(6)]
+    assert losses[-1] < 0.8 * losses[0], losses
+    assert worker.weights_version == 6
+    assert any(not torch.equal(before[k], v) for k, v in weights(worker).items())
+
+
+def test_set_reference_copies_policy(worker, arithmetic_tokenizer):
+    seq = generate(worker, arithmetic_tokenizer)
+    policy0 = worker.compute_log_prob(seq)["old_log_probs"]
+    ref0 = worker.compute_ref_log_prob(seq)["ref_log_prob"]
+    assert torch.equal(policy0, ref0)  # at construction the reference is the policy
+    worker.update_actor(training_batch(worker, seq))
+    policy1 = worker.compute_log_prob(seq)["old_log_probs"]
+    assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], ref0)  # frozen
+    assert not torch.equal(policy1, ref0)
+    worker.set_reference()
+    assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], policy1)
+    ref_state, pol_state = worker.ref.state_dict(), worker.policy.state_dict()
+    for k, v in worker.export_weights().items():
+        assert torch.equal(ref_state[k], pol_state[k]), k
+    assert not any(p.requires_grad for p in worker.ref.parameters())
+    # a copy, not an alias: training the policy again leaves the reference where it was
+    worker.update_actor(training_batch(worker, seq, seed=1))
+    assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], policy1)
+
+
+def test_save_load_round_trip(worker, arithmetic_tokenizer, tmp_path):
+    seq = generate(worker, arithmetic_tokenizer)
+    worker.update_actor(training_batch(worker, seq))
+    saved_lp = worker.compute_log_prob(seq)["old_log_probs"]
+    saved_ref = worker.compute_ref_log_prob(seq)["ref_log_prob"]
+    path = worker.save(str(tmp_path / "ckpt" / "actor.pt"))
+    assert path.endswith("actor.pt") and (tmp_path / "ckpt" / "actor.pt").is_file()
+    # move the policy away, then restore
+    worker.update_actor(training_batch(worker, seq, seed=1))
+    worker.set_reference()
+    assert not torch.equal(worker.compute_log_prob(seq)["old_log_probs"], saved_lp)
+    assert worker.load(path) == 1
+    assert worker.weights_version == 1 and worker.update_calls == 1
+    assert torch.equal(worker.compute_log_prob(seq)["old_log_probs"], saved_lp)
+    assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], saved_ref)
+    # the optimizer state came back too: the next update matches a fresh worker loaded the same way
+    other = make_worker(arithmetic_tokenizer)
+    other.load(path)
+    batch = training_batch(worker, seq, seed=2)
+    worker.update_actor(batch)
+    other.update_actor(batch)
+    assert torch.equal(worker.compute_log_prob(seq)["old_log_probs"], other.compute_log_prob(seq)["old_log_probs"])
