@@ -18,11 +18,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 class ModelConfig:
     path: Optional[str] = None  # Hugging Face directory (Megatron-sharded roles issue); None = built-in
     tokenizer_path: Optional[str] = None  # None = the built-in task's character tokenizer
-    hidden_size: int = 128
-    num_hidden_layers: int = 2
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    intermediate_size: int = 384
+    intermediate_size: int = 256
     max_position_embeddings: int = 32
     rope_theta: float = 10000.0
     init_std: float = 0.02
@@ -46,10 +46,10 @@ class MegatronConfig:
 
 @dataclass
 class ActorConfig:
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-4, lr_warmup_steps=10))
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
-    ppo_mini_batch_size: int = 16  # prompts per optimizer step (x rollout.n rows)
-    ppo_micro_batch_size_per_gpu: int = 64  # rows per forward/backward
+    ppo_mini_batch_size: int = 128  # prompts per optimizer step (x rollout.n rows)
+    ppo_micro_batch_size_per_gpu: int = 256  # rows per forward/backward
     ppo_epochs: int = 1
     shuffle: bool = False
     clip_ratio: float = 0.2
@@ -126,7 +126,7 @@ class AlgorithmConfig:
 class DataConfig:
     train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
     val_files: Optional[str] = None
-    train_batch_size: int = 32  # prompts per step
+    train_batch_size: int = 128  # prompts per step
     max_prompt_length: int = 16
     max_response_length: int = 6
     shuffle: bool = True
@@ -137,8 +137,8 @@ class DataConfig:
 
 @dataclass
 class SftConfig:
-    total_steps: int = 0  # 0 = no SFT warm start
-    batch_size: int = 64
+    total_steps: int = 1500  # 0 = no SFT warm start
+    batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
     data_seed: int = 7
@@ -148,10 +148,10 @@ class SftConfig:
 class TrainerConfig:
     project_name: str = "tandem"
     experiment_name: str = "arithmetic_grpo"
-    total_training_steps: int = 40
+    total_training_steps: int = 60
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    test_freq: int = 0  # validate every N steps (0 = only before and after RL)
+    test_freq: int = 20  # validate every N steps (0 = only before and after RL)
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
 
