@@ -137,7 +137,7 @@ class DataConfig:
 
 @dataclass
 class SftConfig:
-    total_steps: int = 1500  # 0 = no SFT warm start
+    total_steps: int = 1200  # 0 = no SFT warm start
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
@@ -148,10 +148,10 @@ class SftConfig:
 class TrainerConfig:
     project_name: str = "tandem"
     experiment_name: str = "arithmetic_grpo"
-    total_training_steps: int = 60
+    total_training_steps: int = 120
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    test_freq: int = 20  # validate every N steps (0 = only before and after RL)
+    test_freq: int = 40  # validate every N steps (0 = only before and after RL)
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
 
@@ -208,6 +208,13 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise ConfigError(f"override {bad[0]!r} is not of the form key=value")
+            known = set(_known_keys(base))
+            for o in overrides:  # name the whole dotted key (OmegaConf names only its first unknown part)
+                key = o.split("=", 1)[0].strip()
+                if key not in known:
+                    near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.5)
+                    hint = f"; did you mean {', '.join(near)}?" if near else ""
+                    raise ConfigError(f"unknown config key {key!r}{hint}")
             layers.append(OmegaConf.from_dotlist(overrides))
         merged = OmegaConf.merge(*layers)
     except ConfigKeyError as e:
