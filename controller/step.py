@@ -93,13 +93,11 @@ async def ppo_step(roles: Roles, prompts: DataProto, cfg: TandemConfig, kl_ctrl,
                 token_scores, old["old_log_probs"], ref["ref_log_prob"], mask, kl_ctrl, alg.kl_penalty)
             kl_ctrl.update(kl_metrics["actor/reward_kl_penalty"], n_steps=len(prompts))
             metrics.update(kl_metrics)
-        if use_critic:
-            advantages, returns = adv_algos.compute_gae_advantage_return(
-                rewards, values["values"], mask, gamma=alg.gamma, lam=alg.lam)
-        else:
-            group = torch.arange(len(gen)) // n
-            advantages, returns = adv_algos.compute_grpo_outcome_advantage(
-                rewards, mask, group, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+        # every estimator gets what it takes of these (group ids: rows are prompt-major)
+        advantages, returns = adv_algos.compute_advantage(
+            alg.adv_estimator, token_level_rewards=rewards, response_mask=mask,
+            values=values["values"] if use_critic else None, index=torch.arange(len(gen)) // n,
+            gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
 
     train = seq.union(old.select(tensor_keys=["old_log_probs"]))
     train.tensors["advantages"] = advantages.float()

@@ -241,13 +241,15 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 def validate(cfg: TandemConfig) -> None:
     a, d, t = cfg.actor_rollout_ref, cfg.data, cfg.trainer
-    _check(cfg.algorithm.adv_estimator in ("grpo", "gae"), "algorithm.adv_estimator",
-           f"{cfg.algorithm.adv_estimator!r} is not available yet; known: ['gae', 'grpo']")
+    estimators = ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
+    _check(cfg.algorithm.adv_estimator in estimators, "algorithm.adv_estimator",
+           f"{cfg.algorithm.adv_estimator!r} is not available; known: {estimators}")
     _check(a.rollout.mode in ("colocated", "standalone"), "actor_rollout_ref.rollout.mode",
            f"{a.rollout.mode!r}; known: ['colocated', 'standalone']")
     _check(a.rollout.n >= 1, "actor_rollout_ref.rollout.n", "must be >= 1")
-    _check(cfg.algorithm.adv_estimator != "grpo" or a.rollout.n >= 2, "actor_rollout_ref.rollout.n",
-           "grpo needs at least 2 samples per prompt")
+    _check(cfg.algorithm.adv_estimator not in ("grpo", "rloo", "reinforce_plus_plus_baseline")
+           or a.rollout.n >= 2, "actor_rollout_ref.rollout.n",
+           f"{cfg.algorithm.adv_estimator} needs at least 2 samples per prompt")
     _check(a.rollout.temperature > 0, "actor_rollout_ref.rollout.temperature", "must be > 0")
     _check(0 < a.rollout.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
     _check(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")

@@ -25,6 +25,13 @@ CASES = {
                        {"actor", "reward"}),
     "ppo_standalone": (["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone"],
                        {"actor", "reward", "rollout", "critic"}),
+    # KL as a loss (k3) and in the reward with the adaptive controller: exercises ref log-probs
+    "rloo_kl": (["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=true",
+                 "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
+                 "algorithm.kl_ctrl.type=adaptive"], {"actor", "reward"}),
+    "reinforce_pp_entropy": (["algorithm.adv_estimator=reinforce_plus_plus",
+                              "actor_rollout_ref.actor.entropy_coeff=0.01",
+                              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"], {"actor", "reward"}),
 }
 
 
@@ -84,7 +91,8 @@ def test_tandem_run(case, tmp_path):
         assert isinstance(summary[key], float), key
         assert -1.0 <= summary[key] <= 1.0
     assert summary["rl_gain"] == pytest.approx(summary["val_accuracy_final"] - summary["val_accuracy_after_sft"])
-    assert summary["adv_estimator"] == ("gae" if "ppo" in case else "grpo") and summary["val_size"] == 16
+    estimator = next(o.split("=", 1)[1] for o in overrides if o.startswith("algorithm.adv_estimator="))
+    assert summary["adv_estimator"] == estimator and summary["val_size"] == 16
     out_lines = out.splitlines()
     start = out_lines.index("{")
     printed = json.loads("\n".join(out_lines[start: out_lines.index("}", start) + 1]))
@@ -95,6 +103,8 @@ def test_tandem_run(case, tmp_path):
     step_lines = [m for m in lines if "actor/pg_loss" in m]
     assert [m["step"] for m in step_lines] == list(range(1, STEPS + 1))
     keys = STEP_KEYS + (["critic/vf_loss"] if "ppo" in case else [])
+    if case == "rloo_kl":
+        keys += ["actor/kl_loss", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]
     for m in step_lines:
         for k in keys:
             assert isinstance(m.get(k), (int, float)), f"step {m['step']}: {k} missing"

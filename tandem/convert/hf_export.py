@@ -1,0 +1,75 @@
+"""Gather TP shards of a megatron GPTModel and write a Hugging Face checkpoint.
+
+Every TP rank must call `export_hf` (the gathers are collective, in table order); only TP
+rank 0 (of data-parallel rank 0) writes out_dir: model.safetensors, config.json and, if
+given, the files of a tokenizer directory. Tensors keep the model's dtype, so
+HF -> megatron -> HF at the same dtype is bit-exact. Not handled: pp > 1, scalar heads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import torch
+
+from tandem.convert.hf_config import hf_config_from_shape
+from tandem.convert.mapping import expand_mappings
+
+
+def _default_tp_group():
+    from megatron.core import parallel_state
+
+    if torch.distributed.is_initialized() and parallel_state.model_parallel_is_initialized():
+        return parallel_state.get_tensor_model_parallel_group()
+    return None
+
+
+def _is_writer(tp_group) -> bool:
+    from megatron.core import parallel_state
+
+    if tp_group is not None and torch.distributed.get_rank(tp_group) != 0:
+        return False
+    if parallel_state.model_parallel_is_initialized():
+        return parallel_state.get_data_parallel_rank() == 0
+    return True
+
+
+def _gather(t: torch.Tensor, tp_group) -> list[torch.Tensor]:
+    if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
+        return [t]
+    t = t.contiguous()
+    out = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(tp_group))]
+    torch.distributed.all_gather(out, t, group=tp_group)
+    return out
+
+
+def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
+              tokenizer_dir: str | None = None) -> str | None:
+    """Write `model` as an HF `architecture` checkpoint in out_dir; returns out_dir on the writer."""
+    if tp_group is None:
+        tp_group = _default_tp_group()
+    params = dict(model.named_parameters())
+    dtype = next(iter(params.values())).dtype
+    config = hf_config_from_shape(shape, architecture, dtype=str(dtype).removeprefix("torch."))
+    tensors: dict[str, torch.Tensor] = {}
+    writer = _is_writer(tp_group)
+    for m in expand_mappings(shape):
+        shards = _gather(params[m.megatron].detach(), tp_group)
+        if writer:
+            tensors.update({k: v.cpu().contiguous() for k, v in m.unshard(shards).items()})
+    if not writer:
+        return None
+    from safetensors.torch import save_file
+
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    if tokenizer_dir is not None:
+        for name in os.listdir(tokenizer_dir):
+            src = os.path.join(tokenizer_dir, name)
+            if os.path.isfile(src) and name not in ("config.json", "model.safetensors") \
+                    and not name.endswith(".safetensors"):
+                shutil.copy2(src, os.path.join(out_dir, name))
+    return out_dir

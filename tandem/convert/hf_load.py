@@ -1,0 +1,97 @@
+"""Stream a Hugging Face safetensors checkpoint into this rank's megatron shards.
+
+Strict (nanoGPT's from_pretrained / vLLM's load_weights): any HF key the table does not know,
+any HF key it expects but the checkpoint lacks, and any megatron parameter left unloaded raise
+ValueError naming them. Tensors are read one at a time (safetensors.safe_open); the parts of a
+fused mapping (q/k/v, gate/up) are held only until the last part arrives.
+
+Skipped on purpose: rotary `inv_freq` buffers (recomputed) and, for tied embeddings, an
+`lm_head.weight` some checkpoints store anyway (megatron reuses the embedding).
+Vocab: the HF vocab must be divisible by tp (megatron's vocab-parallel layers assume it);
+otherwise loading is refused with the numbers -- no silent row padding.
+Not handled: pipeline parallelism (pp > 1), scalar-head (critic) models.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import torch
+
+from tandem.convert.mapping import IGNORED_HF, expand_mappings
+
+
+def hf_safetensors_files(hf_dir: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
+    if not files:
+        raise ValueError(f"no *.safetensors files in {hf_dir}")
+    return files
+
+
+def _check_parallel(shape, tp_size: int) -> None:
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized() and \
+            parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        raise ValueError("HF conversion supports pipeline_model_parallel_size=1 only")
+    if shape.vocab_size % tp_size:
+        raise ValueError(f"vocab_size={shape.vocab_size} is not divisible by tp={tp_size}; "
+                         "pad the vocabulary of the HF checkpoint (embed_tokens and lm_head rows) "
+                         "to a multiple of tp first")
+
+
+def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> set[str]:
+    """Copy the HF checkpoint in `hf_dir` into `model` (this TP rank's shards).
+
+    Returns the set of megatron parameter names loaded (all of them, or it raises).
+    """
+    from safetensors import safe_open
+
+    _check_parallel(shape, tp_size)
+    mappings = expand_mappings(shape)
+    by_hf = {name: m for m in mappings for name in m.hf_names}
+    params = dict(model.named_parameters())
+    unknown_megatron = sorted(m.megatron for m in mappings if m.megatron not in params)
+    if unknown_megatron:
+        raise ValueError(f"megatron model has no parameters {unknown_megatron}")
+
+    pending: dict[str, dict[str, torch.Tensor]] = {}  # megatron name -> HF parts seen so far
+    seen_hf: set[str] = set()
+    unexpected: list[str] = []
+    loaded: set[str] = set()
+    for path in hf_safetensors_files(hf_dir):
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                if any(p.fullmatch(key) for p in IGNORED_HF):
+                    continue
+                if key == "lm_head.weight" and shape.tie_word_embeddings:
+                    continue
+                m = by_hf.get(key)
+                if m is None:
+                    unexpected.append(key)
+                    continue
+                if key in seen_hf:
+                    raise ValueError(f"HF key {key!r} appears twice in {hf_dir}")
+                seen_hf.add(key)
+                parts = pending.setdefault(m.megatron, {})
+                parts[key] = f.get_tensor(key)
+                if len(parts) < len(m.hf_names):
+                    continue
+                del pending[m.megatron]
+                param = params[m.megatron]
+                shard = m.shard(parts, tp_rank, tp_size)
+                if shard.shape != param.shape:
+                    raise ValueError(f"{m.megatron}: HF {list(m.hf_names)} give shape {tuple(shard.shape)} "
+                                     f"at tp_rank={tp_rank}/{tp_size}, the model has {tuple(param.shape)}")
+                with torch.no_grad():
+                    param.copy_(shard)
+                loaded.add(m.megatron)
+    if unexpected:
+        raise ValueError(f"unexpected HF keys in {hf_dir}: {sorted(unexpected)}")
+    missing_hf = sorted(set(by_hf) - seen_hf)
+    if missing_hf:
+        raise ValueError(f"HF keys missing from {hf_dir}: {missing_hf}")
+    unloaded = sorted(set(params) - loaded)
+    if unloaded:
+        raise ValueError(f"megatron parameters not loaded from {hf_dir}: {unloaded}")
+    return loaded
