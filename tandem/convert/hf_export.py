@@ -14,7 +14,7 @@ import shutil
 import torch
 
 from tandem.convert.hf_config import hf_config_from_shape
-from tandem.convert.mapping import expand_mappings
+from tandem.convert.mapping import Direct, expand_mappings
 
 
 def _default_tp_group():
@@ -55,7 +55,9 @@ def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
     tensors: dict[str, torch.Tensor] = {}
     writer = _is_writer(tp_group)
     for m in expand_mappings(shape):
-        shards = _gather(params[m.megatron].detach(), tp_group)
+        local = params[m.megatron].detach()
+        replicated = isinstance(m, Direct) and m.split_dim is None
+        shards = [local] if replicated else _gather(local, tp_group)
         if writer:
             tensors.update({k: v.cpu().contiguous() for k, v in m.unshard(shards).items()})
     if not writer:
