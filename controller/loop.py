@@ -33,6 +33,8 @@ def prepare_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
     run_dir = os.path.abspath(os.path.join(t.default_local_dir, run_id))
     os.makedirs(run_dir)
     model = cfg.actor_rollout_ref.model
+    if model.tokenizer_path is None and model.path is not None:
+        model = replace(model, tokenizer_path=model.path)
     if model.tokenizer_path is None:
         from tandem.tasks.arithmetic import build_tokenizer
 

@@ -16,8 +16,8 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 @dataclass
 class ModelConfig:
-    path: Optional[str] = None  # Hugging Face directory (Megatron-sharded roles issue); None = built-in
-    tokenizer_path: Optional[str] = None  # None = the built-in task's character tokenizer
+    path: Optional[str] = None  # Hugging Face directory (Llama / Qwen2); None = the built-in shape below
+    tokenizer_path: Optional[str] = None  # None = model.path, or the built-in character tokenizer
     hidden_size: int = 64
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
@@ -266,8 +266,12 @@ def validate(cfg: TandemConfig) -> None:
     _check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
     unknown = set(t.logger) - {"console", "jsonl", "tensorboard"}
     _check(not unknown, "trainer.logger", f"unknown {sorted(unknown)}; known: console, jsonl, tensorboard")
-    _check(a.model.path is None, "actor_rollout_ref.model.path",
-           "Hugging Face checkpoints are not supported yet (built-in model only)")
-    need = d.max_prompt_length + d.max_response_length
-    _check(a.model.max_position_embeddings >= need, "actor_rollout_ref.model.max_position_embeddings",
-           f"{a.model.max_position_embeddings} < data.max_prompt_length + data.max_response_length = {need}")
+    if a.model.path is not None:
+        import os
+
+        _check(os.path.isfile(os.path.join(a.model.path, "config.json")), "actor_rollout_ref.model.path",
+               f"{a.model.path!r} is not a Hugging Face model directory (no config.json)")
+    else:
+        need = d.max_prompt_length + d.max_response_length
+        _check(a.model.max_position_embeddings >= need, "actor_rollout_ref.model.max_position_embeddings",
+               f"{a.model.max_position_embeddings} < data.max_prompt_length + data.max_response_length = {need}")

@@ -27,6 +27,13 @@ class ActorWorker:
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
         self.policy = build_gpt_model(self.shape)
+        if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
+            from megatron.core import parallel_state as ps
+
+            from tandem.convert.hf_load import load_hf_weights
+
+            load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
+                            ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
         self.ref = build_gpt_model(self.shape)  # megatron modules hold process groups: no deepcopy
         self.set_reference()
         self.optimizer = Optimizer(self.policy.parameters(), self.actor_cfg.optim)

@@ -1,5 +1,12 @@
-"""ModelConfig (+ tokenizer size) -> ModelShape, shared by every role that builds a model."""
+"""ModelConfig (+ tokenizer size) -> ModelShape, shared by every role that builds a model.
+
+With `model.path` (a Hugging Face directory) the shape comes from its config.json and
+the `model.*` shape keys are ignored; otherwise the built-in shape keys are used.
+"""
 from __future__ import annotations
+
+import json
+import os
 
 from tandem.config import ModelConfig
 from tandem.models.spec import ModelShape
@@ -11,6 +18,18 @@ def padded_vocab_size(tokenizer_len: int, multiple: int = 16) -> int:
 
 
 def model_shape(cfg: ModelConfig, tokenizer_len: int) -> ModelShape:
+    if cfg.path:
+        from tandem.convert.hf_config import shape_from_hf_config
+
+        config_file = os.path.join(cfg.path, "config.json")
+        if not os.path.isfile(config_file):
+            raise ValueError(f"actor_rollout_ref.model.path: {config_file} does not exist")
+        with open(config_file) as f:
+            shape = shape_from_hf_config(json.load(f))
+        if shape.vocab_size < tokenizer_len:
+            raise ValueError(f"actor_rollout_ref.model.path: the model's vocab_size {shape.vocab_size} "
+                             f"is smaller than the tokenizer's {tokenizer_len} tokens")
+        return shape
     return ModelShape(
         vocab_size=padded_vocab_size(tokenizer_len),
         hidden_size=cfg.hidden_size,

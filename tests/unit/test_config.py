@@ -67,7 +67,7 @@ def test_bad_value_names_the_key():
     (["trainer.logger=[wandb]"], "trainer.logger", "wandb"),
     (["actor_rollout_ref.model.max_position_embeddings=32", "data.max_prompt_length=40",
       "data.max_response_length=6"], "actor_rollout_ref.model.max_position_embeddings", "32 < "),
-    (["actor_rollout_ref.model.path=/some/hf/dir"], "actor_rollout_ref.model.path", "not supported"),
+    (["actor_rollout_ref.model.path=/some/hf/dir"], "actor_rollout_ref.model.path", "not a Hugging Face model directory"),
 ])
 def test_validate_errors_name_the_dotted_key(overrides, key, text):
     msg = error_of(*overrides)
