@@ -45,6 +45,11 @@ class MegatronConfig:
 
 
 @dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla: token-level clipped PPO; gspo: sequence-level ratio
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-4, lr_warmup_steps=10))
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -56,6 +61,7 @@ class ActorConfig:
     clip_ratio_low: Optional[float] = None
     clip_ratio_high: Optional[float] = None
     clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     entropy_coeff: float = 0.0
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
@@ -260,6 +266,9 @@ def validate(cfg: TandemConfig) -> None:
     _check(a.actor.loss_agg_mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                                      "seq-mean-token-sum-norm"),
            "actor_rollout_ref.actor.loss_agg_mode", f"unknown mode {a.actor.loss_agg_mode!r}")
+    _check(a.actor.policy_loss.loss_mode in ("vanilla", "gspo"), "actor_rollout_ref.actor.policy_loss.loss_mode",
+           f"{a.actor.policy_loss.loss_mode!r}; known: ['gspo', 'vanilla']")
+    _check(a.actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "must be > 1 (dual-clip bound)")
     _check(a.actor.megatron.pipeline_model_parallel_size == 1,
            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
            "pipeline parallelism is not available yet")

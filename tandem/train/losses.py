@@ -34,12 +34,17 @@ def ppo_actor_loss(model, mb: DataProto, cfg: ActorConfig, temperature: float):
     dev = device.device()
     mask = mb["response_mask"].to(dev).float()
     log_prob, entropy = response_log_probs(model, mb, temperature, with_entropy=True)
-    pg_loss, clipfrac, ppo_kl, clipfrac_lower = algo_losses.compute_policy_loss(
-        old_log_prob=mb["old_log_probs"].to(dev), log_prob=log_prob,
-        advantages=mb["advantages"].to(dev), response_mask=mask,
-        clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low,
-        clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-        loss_agg_mode=cfg.loss_agg_mode)
+    common = dict(old_log_prob=mb["old_log_probs"].to(dev), log_prob=log_prob,
+                  advantages=mb["advantages"].to(dev), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode)
+    if cfg.policy_loss.loss_mode == "gspo":  # sequence-level ratio; clip bounds default to clip_ratio
+        pg_loss, clipfrac, ppo_kl, clipfrac_lower = algo_losses.compute_gspo_policy_loss(
+            clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
+            clip_ratio_high=cfg.clip_ratio_high if cfg.clip_ratio_high is not None else cfg.clip_ratio,
+            **common)
+    else:
+        pg_loss, clipfrac, ppo_kl, clipfrac_lower = algo_losses.compute_policy_loss(
+            clip_ratio=cfg.clip_ratio, clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, **common)
     entropy_mean = aggregate.agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
     metrics = {M.ACTOR_PG_LOSS: pg_loss.item(), M.ACTOR_PG_CLIPFRAC: clipfrac.item(),

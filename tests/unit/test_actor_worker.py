@@ -146,3 +146,28 @@ def test_save_load_round_trip(worker, arithmetic_tokenizer, tmp_path):
     worker.update_actor(batch)
     other.update_actor(batch)
     assert torch.equal(worker.compute_log_prob(seq)["old_log_probs"], other.compute_log_prob(seq)["old_log_probs"])
+
+
+def test_gspo_loss_mode_on_policy_and_trains(megatron_dist, arithmetic_tokenizer):
+    """policy_loss.loss_mode=gspo: on-policy the sequence ratio is exactly 1 (no clipping,
+    ppo_kl 0), and with one advantage A for every token the loss is exactly -A."""
+    w = make_worker(arithmetic_tokenizer, "actor_rollout_ref.actor.policy_loss.loss_mode=gspo",
+                    "actor_rollout_ref.actor.clip_ratio_low=0.0003", "actor_rollout_ref.actor.clip_ratio_high=0.0004",
+                    "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean")
+    seq = generate(w, arithmetic_tokenizer)
+    batch = seq.union(w.compute_log_prob(seq))
+    batch.tensors["advantages"] = torch.full(seq["responses"].shape, 0.5)
+    before = weights(w)
+    metrics = w.update_actor(batch)
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+    # every token's loss is -A * s with s == 1 on-policy (metrics average micro-batches)
+    assert abs(metrics["actor/pg_loss"] - (-0.5)) < 1e-6
+    after = weights(w)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_unknown_policy_loss_mode_is_refused():
+    from tandem.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="actor_rollout_ref.actor.policy_loss.loss_mode"):
+        load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"])
