@@ -7,11 +7,14 @@ every message. Services read the same resolved file and take their own section.
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from tandem.algos.advantages import ADV_ESTIMATORS
 
 
 @dataclass
@@ -203,6 +206,12 @@ def _known_keys(node, prefix="") -> list[str]:
     return keys
 
 
+def _unknown_key(key: str, known: list[str]) -> ConfigError:
+    near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(near)}?" if near else ""
+    return ConfigError(f"unknown config key {key!r}{hint}")
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> TandemConfig:
     """Defaults <- YAML file <- dotted overrides; returns a validated TandemConfig."""
     base = OmegaConf.structured(TandemConfig)
@@ -214,20 +223,15 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             bad = [o for o in overrides if "=" not in o]
             if bad:
                 raise ConfigError(f"override {bad[0]!r} is not of the form key=value")
-            known = set(_known_keys(base))
+            known = _known_keys(base)
             for o in overrides:  # name the whole dotted key (OmegaConf names only its first unknown part)
                 key = o.split("=", 1)[0].strip()
                 if key not in known:
-                    near = difflib.get_close_matches(key, sorted(known), n=3, cutoff=0.5)
-                    hint = f"; did you mean {', '.join(near)}?" if near else ""
-                    raise ConfigError(f"unknown config key {key!r}{hint}")
+                    raise _unknown_key(key, known)
             layers.append(OmegaConf.from_dotlist(overrides))
         merged = OmegaConf.merge(*layers)
-    except ConfigKeyError as e:
-        key = getattr(e, "full_key", None) or str(e)
-        near = difflib.get_close_matches(str(key), _known_keys(base), n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(near)}?" if near else ""
-        raise ConfigError(f"unknown config key {key!r}{hint}") from None
+    except ConfigKeyError as e:  # an unknown key in the YAML file
+        raise _unknown_key(str(getattr(e, "full_key", None) or e), _known_keys(base)) from None
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         raise ConfigError(f"bad config value for {key!r}: {str(e).splitlines()[0]}") from None
@@ -247,7 +251,8 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 def validate(cfg: TandemConfig) -> None:
     a, d, t = cfg.actor_rollout_ref, cfg.data, cfg.trainer
-    estimators = ["gae", "grpo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo"]
+    # remax needs a greedy baseline rollout, which the controller does not make yet
+    estimators = sorted(k for k in ADV_ESTIMATORS if k != "remax")
     _check(cfg.algorithm.adv_estimator in estimators, "algorithm.adv_estimator",
            f"{cfg.algorithm.adv_estimator!r} is not available; known: {estimators}")
     _check(a.rollout.mode in ("colocated", "standalone"), "actor_rollout_ref.rollout.mode",
@@ -276,8 +281,6 @@ def validate(cfg: TandemConfig) -> None:
     unknown = set(t.logger) - {"console", "jsonl", "tensorboard"}
     _check(not unknown, "trainer.logger", f"unknown {sorted(unknown)}; known: console, jsonl, tensorboard")
     if a.model.path is not None:
-        import os
-
         _check(os.path.isfile(os.path.join(a.model.path, "config.json")), "actor_rollout_ref.model.path",
                f"{a.model.path!r} is not a Hugging Face model directory (no config.json)")
     else:

@@ -31,8 +31,8 @@ def architecture_of(config) -> str:
 
 def _rope(c: dict) -> float:
     params = c.get("rope_parameters") or {}
-    scaling = c.get("rope_scaling")
-    rope_type = (scaling or params).get("rope_type", (scaling or {}).get("type", "default"))
+    spec = c.get("rope_scaling") or params  # transformers v4 vs v5 spelling
+    rope_type = spec.get("rope_type", spec.get("type", "default"))
     if rope_type != "default":
         _refuse("rope_parameters.rope_type", rope_type, "only plain RoPE is supported")
     theta = c.get("rope_theta", params.get("rope_theta"))

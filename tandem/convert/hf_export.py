@@ -71,7 +71,6 @@ def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
     if tokenizer_dir is not None:
         for name in os.listdir(tokenizer_dir):
             src = os.path.join(tokenizer_dir, name)
-            if os.path.isfile(src) and name not in ("config.json", "model.safetensors") \
-                    and not name.endswith(".safetensors"):
+            if os.path.isfile(src) and name != "config.json" and not name.endswith(".safetensors"):
                 shutil.copy2(src, os.path.join(out_dir, name))
     return out_dir

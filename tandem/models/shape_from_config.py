@@ -21,10 +21,7 @@ def model_shape(cfg: ModelConfig, tokenizer_len: int) -> ModelShape:
     if cfg.path:
         from tandem.convert.hf_config import shape_from_hf_config
 
-        config_file = os.path.join(cfg.path, "config.json")
-        if not os.path.isfile(config_file):
-            raise ValueError(f"actor_rollout_ref.model.path: {config_file} does not exist")
-        with open(config_file) as f:
+        with open(os.path.join(cfg.path, "config.json")) as f:  # existence checked by config.validate
             shape = shape_from_hf_config(json.load(f))
         if shape.vocab_size < tokenizer_len:
             raise ValueError(f"actor_rollout_ref.model.path: the model's vocab_size {shape.vocab_size} "
