@@ -108,7 +108,7 @@ def build_inproc(cfg, tokenizer, on_loop: bool = False) -> Roles:
     """The workers, each behind an adapter. As in the services, model work runs on a
     WorkerThread (actor and rollout share one, as in the hybrid engine; reward has its own);
     on_loop=True calls them on the event loop's thread instead."""
-    from services.actor.worker import ActorWorker
+    from services.actor.front import ActorFront
     from services.reward.worker import RewardWorker
     from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.rollout.worker import RolloutWorker
@@ -118,8 +118,8 @@ def build_inproc(cfg, tokenizer, on_loop: bool = False) -> Roles:
     rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-bench-"), "rdzv")
     init_distributed(ParallelConfig(), rank=0, world_size=1, init_method=f"file://{rdzv}",
                      seed=cfg.actor_rollout_ref.actor.megatron.seed)  # same seed: same initial weights
-    actor = ActorWorker(cfg, len(tokenizer))
-    rollout = RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+    actor = ActorFront.in_process(cfg, len(tokenizer))  # the service's front door, one rank
+    rollout = RolloutWorker(actor.local.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
                             vocab_size=actor.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
     reward = RewardWorker(default_rule=cfg.reward_model.default_rule)
     model_run = _direct if on_loop else WorkerThread("inproc-actor").run

@@ -11,7 +11,7 @@ import time
 import uuid
 from dataclasses import replace
 
-from controller import launcher
+from controller import checkpointing, launcher
 from controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
 from controller.data import Cursor, collate, load_examples
 from controller.evaluate import greedy_accuracy
@@ -19,8 +19,9 @@ from controller.plot import plot_run
 from controller.sft import run_sft
 from controller.step import Roles, ppo_step
 from controller.tracking import Tracking
+from controller.validation import run_validation
 from tandem.algos.kl import AdaptiveKLController, FixedKLController
-from tandem.config import TandemConfig, to_yaml
+from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import get_logger
 
 _log = get_logger("controller.loop")
@@ -68,13 +69,28 @@ def make_kl_ctrl(cfg: TandemConfig):
     return FixedKLController(k.kl_coef)
 
 
+def resumed_config(cfg: TandemConfig, ckpt: str) -> tuple[TandemConfig, str]:
+    """The interrupted run's own config (its tokenizer, data, shapes), with this command's
+    step count and resume keys (a resumed run may be extended)."""
+    run_dir = checkpointing.run_dir_of(ckpt)
+    saved = load_config(os.path.join(run_dir, "config.yaml"))
+    trainer = replace(saved.trainer, total_training_steps=cfg.trainer.total_training_steps,
+                      resume_mode=cfg.trainer.resume_mode, resume_from_path=cfg.trainer.resume_from_path)
+    return replace(saved, trainer=trainer), run_dir
+
+
 async def run(cfg: TandemConfig) -> dict:
     from transformers import AutoTokenizer
 
     started = time.time()
-    cfg, run_dir = prepare_run_dir(cfg)
+    resume_from = checkpointing.find_resume(cfg)
+    if resume_from:
+        cfg, run_dir = resumed_config(cfg, resume_from)
+        print(f"tandem: resuming {run_dir} from {resume_from}", flush=True)
+    else:
+        cfg, run_dir = prepare_run_dir(cfg)
+        print(f"tandem: run directory {run_dir}", flush=True)
     run_id = os.path.basename(run_dir)
-    print(f"tandem: run directory {run_dir}", flush=True)
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
     d = cfg.data
     train = load_examples(d.train_files, tokenizer, d.max_prompt_length)
@@ -99,7 +115,7 @@ async def run(cfg: TandemConfig) -> dict:
                                                                       timeout_s=s.rpc_timeout_s)
         roles_ = Roles(actor=clients["actor"], rollout=rollout, reward=clients["reward"],
                        critic=clients.get("critic"), standalone_rollout=standalone)
-        summary = await _train(cfg, run_dir, roles_, tokenizer, train, val, tracking)
+        summary = await _train(cfg, run_dir, roles_, tokenizer, train, val, tracking, resume_from)
     finally:
         tracking.close()
         for c in clients.values():
@@ -122,10 +138,10 @@ async def _sync_rollout(roles: Roles) -> None:
         await roles.rollout.load_weights(weights, version)
 
 
-async def _train(cfg, run_dir, roles: Roles, tokenizer, train, val, tracking) -> dict:
+async def _warm_start(cfg, run_dir, roles: Roles, tokenizer, train, val, tracking, summary) -> None:
+    """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk,
+    and validation at step 0."""
     t, d = cfg.trainer, cfg.data
-    summary: dict = {"experiment": t.experiment_name, "adv_estimator": cfg.algorithm.adv_estimator,
-                     "val_size": len(val)}
 
     async def evaluate() -> float | None:
         if not val:
@@ -144,39 +160,56 @@ async def _train(cfg, run_dir, roles: Roles, tokenizer, train, val, tracking) ->
         await _sync_rollout(roles)
     await roles.actor.set_reference()
     if roles.critic is not None and cfg.critic.init_from_policy:
-        path = await roles.actor.save_checkpoint(os.path.join(run_dir, "checkpoints", "init", "actor.pt"))
+        path = await roles.actor.save_checkpoint(os.path.join(run_dir, "checkpoints", "init", "actor"))
         await roles.critic.load_checkpoint(path, trunk_only=True)
-    summary["val_accuracy_after_sft"] = await evaluate()
-    tracking.log({"val/accuracy": summary["val_accuracy_after_sft"] or 0.0}, step=0)
+    val_metrics = await run_validation(roles, val, tokenizer, cfg, step=0)
+    summary["val_accuracy_after_sft"] = val_metrics.get("val/accuracy")
+    tracking.log(val_metrics or {"val/accuracy": 0.0}, step=0)
 
+
+async def _train(cfg, run_dir, roles: Roles, tokenizer, train, val, tracking, resume_from=None) -> dict:
+    t, d = cfg.trainer, cfg.data
+    summary: dict = {"experiment": t.experiment_name, "adv_estimator": cfg.algorithm.adv_estimator,
+                     "val_size": len(val)}
     kl_ctrl = make_kl_ctrl(cfg)
     cursor = Cursor(len(train), seed=d.seed, shuffle=d.shuffle)
+    first = 1
+    if resume_from:  # policy, reference, optimizers, data cursor and KL controller as they were
+        state = await checkpointing.restore(roles, resume_from)
+        await _sync_rollout(roles)
+        cursor.load_state_dict(state["data_cursor"])
+        kl_ctrl.load_state_dict(state["kl_ctrl"])
+        summary["val_accuracy_after_sft"] = state.get("val_accuracy_after_sft")
+        summary["resumed_from"] = resume_from
+        first = int(state["global_step"]) + 1
+    else:
+        await _warm_start(cfg, run_dir, roles, tokenizer, train, val, tracking, summary)
+
+    def controller_state() -> dict:
+        return {"data_cursor": cursor.state_dict(), "kl_ctrl": kl_ctrl.state_dict(),
+                "val_accuracy_after_sft": summary.get("val_accuracy_after_sft")}
+
     t0 = time.time()
-    for step in range(1, t.total_training_steps + 1):
+    for step in range(first, t.total_training_steps + 1):
         for c in (roles.actor, roles.rollout, roles.reward, roles.critic):
             if c is not None:
                 c.set_metadata(x_step=step)
-        prompts = collate([train[i] for i in cursor.next(d.train_batch_size)], tokenizer.pad_token_id)
-        metrics = await ppo_step(roles, prompts, cfg, kl_ctrl, tokenizer, step)
+        def next_prompts(k: int):  # DAPO dynamic sampling may take several batches per step
+            return collate([train[i] for i in cursor.next(k)], tokenizer.pad_token_id)
+        metrics = await ppo_step(roles, next_prompts, cfg, kl_ctrl, tokenizer, step)
         if t.test_freq and step % t.test_freq == 0 and step != t.total_training_steps:
-            metrics["val/accuracy"] = await evaluate()
+            metrics.update(await run_validation(roles, val, tokenizer, cfg, step))
         tracking.log(metrics, step=step)
+        if t.save_freq and step % t.save_freq == 0 and step != t.total_training_steps:
+            await checkpointing.save(roles, run_dir, step, controller_state())
     summary["rl_time_s"] = time.time() - t0
-    final = await evaluate()
+    final_metrics = await run_validation(roles, val, tokenizer, cfg, t.total_training_steps)
+    final = final_metrics.get("val/accuracy")
     summary["val_accuracy_final"] = final
+    summary["val_metrics_final"] = final_metrics
     if final is not None and summary["val_accuracy_after_sft"] is not None:
         summary["rl_gain"] = final - summary["val_accuracy_after_sft"]
-    tracking.log({"val/accuracy": final or 0.0}, step=t.total_training_steps)
+    tracking.log(final_metrics or {"val/accuracy": 0.0}, step=t.total_training_steps)
 
-    ckpt = os.path.join(run_dir, "checkpoints", f"global_step_{t.total_training_steps}")
-    summary["checkpoint"] = ckpt
-    await roles.actor.save_checkpoint(os.path.join(ckpt, "actor.pt"))
-    if roles.critic is not None:
-        await roles.critic.save_checkpoint(os.path.join(ckpt, "critic.pt"))
-    state = {"global_step": t.total_training_steps, "data_cursor": cursor.state_dict(),
-             "kl_ctrl": kl_ctrl.state_dict()}
-    tmp = os.path.join(ckpt, "controller_state.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-    os.replace(tmp, os.path.join(ckpt, "controller_state.json"))
+    summary["checkpoint"] = await checkpointing.save(roles, run_dir, t.total_training_steps, controller_state())
     return summary

@@ -1,7 +1,8 @@
 """Supervised warm start on the actor service: cross-entropy on prompt -> answer.
 
-The target is each row's `reward_model.ground_truth` followed by EOS (the built-in
-task's answer format). Rows are right-padded; loss_mask marks the answer tokens.
+The target is each row's `extra_info.answer` when it has one (verl's gsm8k rows: the
+solution ending in `#### N`), else `reward_model.ground_truth` (the built-in task's
+answer format), followed by EOS. Rows are right-padded; loss_mask marks the answer tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tandem.data.batch import DataProto
 def sft_batch(examples: list[Example], tokenizer) -> DataProto:
     seqs, masks = [], []
     for e in examples:
-        answer = tokenizer(e.ground_truth, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        target = e.extra_info.get("answer") if isinstance(e.extra_info, dict) else None
+        answer = tokenizer(target or e.ground_truth, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
         seqs.append(e.prompt_ids + answer)
         masks.append([0] * len(e.prompt_ids) + [1] * len(answer))
     width = max(len(s) for s in seqs)

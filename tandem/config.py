@@ -43,7 +43,9 @@ class OptimConfig:
 @dataclass
 class MegatronConfig:
     tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1  # > 1 needs GPUs (megatron-core's pipeline schedules)
+    use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
+    dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
     seed: int = 1
 
 
@@ -70,6 +72,16 @@ class ActorConfig:
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
+    tis_imp_ratio_cap: float = -1.0  # truncated IS with the rollout log-probs: weight min(ratio, cap); <= 0 = off
+
+
+@dataclass
+class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollout.val_kwargs)
+    n: int = 1
+    do_sample: bool = False  # False = greedy (then n must be 1)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
 
 
 @dataclass
@@ -80,6 +92,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off (verl)
     max_batch_size: int = 512  # rows decoded together
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 
 @dataclass
@@ -108,8 +121,17 @@ class CriticConfig:
 
 
 @dataclass
+class OverlongBufferConfig:  # DAPO overlong reward shaping (verl: reward_model.overlong_buffer)
+    enable: bool = False
+    len: int = 0  # the last `len` tokens before data.max_response_length are penalised linearly
+    penalty_factor: float = 1.0
+    log: bool = False  # accepted for verl parity; the metrics are always logged
+
+
+@dataclass
 class RewardModelConfig:
     default_rule: str = "arithmetic"  # rule for rows whose data_source names no rule
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
 
 
 @dataclass
@@ -121,6 +143,13 @@ class KLCtrlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:  # DAPO dynamic sampling (verl: algorithm.filter_groups)
+    enable: bool = False
+    metric: str = "acc"  # acc (verifier score), score / seq_reward (after overlong shaping)
+    max_num_gen_batches: int = 10  # <= 0: no bound
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -129,6 +158,7 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
 
 
 @dataclass
@@ -136,6 +166,7 @@ class DataConfig:
     train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
     val_files: Optional[str] = None
     train_batch_size: int = 128  # prompts per step
+    gen_batch_size: Optional[int] = None  # prompts per generation round with filter_groups (None = train_batch_size)
     max_prompt_length: int = 16
     max_response_length: int = 6
     shuffle: bool = True
@@ -161,6 +192,9 @@ class TrainerConfig:
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
+    save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
+    resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
+    resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
 
@@ -169,6 +203,7 @@ class TrainerConfig:
 class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
+    world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
 
 
 @dataclass
@@ -251,8 +286,7 @@ def _check(ok: bool, key: str, msg: str) -> None:
 
 def validate(cfg: TandemConfig) -> None:
     a, d, t = cfg.actor_rollout_ref, cfg.data, cfg.trainer
-    # remax needs a greedy baseline rollout, which the controller does not make yet
-    estimators = sorted(k for k in ADV_ESTIMATORS if k != "remax")
+    estimators = sorted(ADV_ESTIMATORS)
     _check(cfg.algorithm.adv_estimator in estimators, "algorithm.adv_estimator",
            f"{cfg.algorithm.adv_estimator!r} is not available; known: {estimators}")
     _check(a.rollout.mode in ("colocated", "standalone"), "actor_rollout_ref.rollout.mode",
@@ -274,10 +308,9 @@ def validate(cfg: TandemConfig) -> None:
     _check(a.actor.policy_loss.loss_mode in ("vanilla", "gspo"), "actor_rollout_ref.actor.policy_loss.loss_mode",
            f"{a.actor.policy_loss.loss_mode!r}; known: ['gspo', 'vanilla']")
     _check(a.actor.clip_ratio_c > 1, "actor_rollout_ref.actor.clip_ratio_c", "must be > 1 (dual-clip bound)")
-    _check(a.actor.megatron.pipeline_model_parallel_size == 1,
-           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-           "pipeline parallelism is not available yet")
+    _validate_parallel(cfg)
     _check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
+    _validate_issue4(cfg)
     unknown = set(t.logger) - {"console", "jsonl", "tensorboard"}
     _check(not unknown, "trainer.logger", f"unknown {sorted(unknown)}; known: console, jsonl, tensorboard")
     if a.model.path is not None:
@@ -287,3 +320,71 @@ def validate(cfg: TandemConfig) -> None:
         need = d.max_prompt_length + d.max_response_length
         _check(a.model.max_position_embeddings >= need, "actor_rollout_ref.model.max_position_embeddings",
                f"{a.model.max_position_embeddings} < data.max_prompt_length + data.max_response_length = {need}")
+
+
+def _validate_issue4(cfg: TandemConfig) -> None:
+    """TIS, DAPO (filter_groups, overlong buffer) and validation sampling."""
+    a, d, alg = cfg.actor_rollout_ref, cfg.data, cfg.algorithm
+    fg, ob, vk = alg.filter_groups, cfg.reward_model.overlong_buffer, a.rollout.val_kwargs
+    _check(fg.metric in ("acc", "score", "seq_reward"), "algorithm.filter_groups.metric",
+           f"{fg.metric!r}; known: ['acc', 'score', 'seq_reward']")
+    _check(not fg.enable or a.rollout.n >= 2, "algorithm.filter_groups.enable",
+           "dynamic sampling needs actor_rollout_ref.rollout.n >= 2 (a group of one always has equal rewards)")
+    _check(d.gen_batch_size is None or d.gen_batch_size >= 1, "data.gen_batch_size", "must be >= 1")
+    _check(not ob.enable or 0 < ob.len < d.max_response_length, "reward_model.overlong_buffer.len",
+           f"{ob.len} must be in (0, data.max_response_length={d.max_response_length})")
+    _check(ob.penalty_factor >= 0, "reward_model.overlong_buffer.penalty_factor", "must be >= 0")
+    _check(vk.n >= 1, "actor_rollout_ref.rollout.val_kwargs.n", "must be >= 1")
+    _check(vk.do_sample or vk.n == 1, "actor_rollout_ref.rollout.val_kwargs.n",
+           f"{vk.n} greedy samples would all be equal; set val_kwargs.do_sample=true or n=1")
+    _check(not vk.do_sample or vk.temperature > 0, "actor_rollout_ref.rollout.val_kwargs.temperature",
+           "must be > 0 when val_kwargs.do_sample is true")
+    _check(0 < vk.top_p <= 1, "actor_rollout_ref.rollout.val_kwargs.top_p", "must be in (0, 1]")
+    _check(a.actor.tis_imp_ratio_cap <= 0 or a.actor.tis_imp_ratio_cap >= 1,
+           "actor_rollout_ref.actor.tis_imp_ratio_cap",
+           f"{a.actor.tis_imp_ratio_cap} must be >= 1 (a cap below 1 shrinks every on-policy token) or <= 0 (off)")
+
+
+def _validate_parallel(cfg: TandemConfig) -> None:
+    """Layouts that cannot work, before anything starts (heads are checked by each service)."""
+    layouts = [("actor", "actor_rollout_ref.actor.megatron", cfg.actor_rollout_ref.actor.megatron),
+               ("critic", "critic.megatron", cfg.critic.megatron)]
+    for role, key, m in layouts:
+        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+        world = getattr(cfg.services, role).world_size
+        _check(m.dtype in ("float32", "bfloat16"), f"{key}.dtype", f"{m.dtype!r}; known: ['bfloat16', 'float32']")
+        _check(tp >= 1, f"{key}.tensor_model_parallel_size", "must be >= 1")
+        _check(pp >= 1, f"{key}.pipeline_model_parallel_size", "must be >= 1")
+        _check(world >= 1 and world % (tp * pp) == 0, f"services.{role}.world_size",
+               f"{world} is not a multiple of tensor x pipeline parallel = {tp} x {pp}")
+        heads, groups = _heads(cfg.actor_rollout_ref.model)
+        _check(heads % tp == 0 and groups % tp == 0, f"{key}.tensor_model_parallel_size",
+               f"{tp} must divide num_attention_heads={heads} and num_key_value_heads={groups}")
+    rollout_world = cfg.services.rollout.world_size
+    _check(rollout_world >= 1, "services.rollout.world_size", "must be >= 1")
+    a = cfg.actor_rollout_ref
+    _check(a.rollout.mode == "colocated" or a.actor.megatron.tensor_model_parallel_size == 1,
+           "actor_rollout_ref.rollout.mode",
+           "standalone rollout needs actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 "
+           "(weights are sent unsharded; resharding on export is not available yet)")
+    _check(a.actor.megatron.pipeline_model_parallel_size == 1,
+           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
+           "a run needs 1: generation at PP > 1 is not available yet (the actor's update and "
+           "log-prob paths run at PP > 1 on GPUs: bench/actor_parallel.py)")
+    _check(cfg.trainer.resume_mode in ("disable", "auto", "resume_path"), "trainer.resume_mode",
+           f"{cfg.trainer.resume_mode!r}; known: ['auto', 'disable', 'resume_path']")
+    _check(cfg.trainer.resume_mode != "resume_path" or bool(cfg.trainer.resume_from_path),
+           "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
+    _check(cfg.trainer.save_freq >= 0, "trainer.save_freq", "must be >= 0")
+
+
+def _heads(model: ModelConfig) -> tuple[int, int]:
+    """(attention heads, key/value heads) of the built-in shape or of model.path's config.json."""
+    if model.path is None or not os.path.isfile(os.path.join(model.path, "config.json")):
+        return model.num_attention_heads, model.num_key_value_heads  # (a bad path is reported on its own)
+    import json
+
+    with open(os.path.join(model.path, "config.json")) as f:
+        c = json.load(f)
+    heads = int(c.get("num_attention_heads", 1))
+    return heads, int(c.get("num_key_value_heads") or heads)

@@ -1,10 +1,20 @@
-"""Actor service: policy + reference (+ the colocated rollout). `python -m services.actor`."""
+"""Actor service: policy + reference (+ the colocated rollout). `python -m services.actor`.
+
+With services.actor.world_size > 1 this process is rank 0 (the front door) and starts the
+other ranks; they build the same workers and follow rank 0's commands.
+"""
 from __future__ import annotations
 
 from services.actor import hybrid
+from services.actor.front import ActorFront
 from services.actor.servicer import SERVICE, ActorServicer
 from services.actor.worker import ActorWorker
+from tandem.dist.parallel import ParallelConfig
+from tandem.dist.rank_group import RankGroup
+from tandem.models.shape_from_config import model_shape
+from tandem.rollout.front import RolloutFront
 from tandem.rollout.servicer import SERVICE as ROLLOUT_SERVICE
+from tandem.rollout.servicer import RolloutServicer
 from tandem.rpc.launch import init_service, load_tokenizer, parse_args
 from tandem.rpc.server import run_server, serve
 from tandem.rpc.worker_thread import WorkerThread
@@ -13,18 +23,32 @@ from tandem.rpc.worker_thread import WorkerThread
 def main(argv=None) -> None:
     args = parse_args("actor", argv)
     cfg = args.cfg
-    init_service("actor", args, cfg.services.actor.torch_threads, cfg.actor_rollout_ref.actor.megatron.seed)
+    m = cfg.actor_rollout_ref.actor.megatron
     tokenizer = load_tokenizer(cfg)
+    init_service("actor", args, cfg.services.actor.torch_threads, m.seed,
+                 parallel=ParallelConfig(m.tensor_model_parallel_size, m.pipeline_model_parallel_size),
+                 world_size=cfg.services.actor.world_size,
+                 shape=model_shape(cfg.actor_rollout_ref.model, len(tokenizer)))
     worker = ActorWorker(cfg, len(tokenizer))
+    colocated = cfg.actor_rollout_ref.rollout.mode == "colocated"
+    targets = {"actor": worker}
+    if colocated:
+        targets["rollout"] = hybrid.colocated_rollout_worker(
+            worker, tokenizer, cfg.actor_rollout_ref.rollout.max_batch_size)
+    group = RankGroup(targets)
+    if not group.is_front:
+        group.follow()
+        return
     thread = WorkerThread("actor")
-    servicers = [(SERVICE, ActorServicer(worker, thread))]
-    if cfg.actor_rollout_ref.rollout.mode == "colocated":
-        servicers.append((ROLLOUT_SERVICE, hybrid.colocated_rollout(
-            worker, thread, tokenizer, cfg.actor_rollout_ref.rollout.max_batch_size)))
+    servicers = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
+    if colocated:
+        servicers.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size), thread,
+                                                           allow_load_weights=False)))
     try:
         run_server(serve(servicers, role="actor", host=args.host, port=args.port, port_file=args.port_file))
     finally:
-        thread.shutdown(wait=False)
+        thread.shutdown(wait=True)  # the running call finishes on every rank first
+        group.stop()
 
 
 if __name__ == "__main__":

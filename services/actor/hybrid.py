@@ -1,19 +1,16 @@
 """Colocated rollout (hybrid engine): RolloutService served from the actor's own weights.
 
-The rollout worker wraps the actor's policy module itself: generation always sees the
-current weights, with no copy and no sync step. Both share one WorkerThread, so a
-generation never overlaps an update. (Resharding to a different generation TP layout
-belongs to the Megatron-sharded roles issue.)
+On every rank the rollout worker wraps that rank's shard of the policy module itself:
+generation always sees the current weights, with no copy and no sync step, at the
+training TP layout. Rank 0 serves both services from one WorkerThread, so a generation
+never overlaps an update. (Resharding to a different generation TP layout: not yet.)
 """
 from __future__ import annotations
 
 from services.actor.worker import ActorWorker
-from tandem.rollout.servicer import RolloutServicer
 from tandem.rollout.worker import RolloutWorker
-from tandem.rpc.worker_thread import WorkerThread
 
 
-def colocated_rollout(actor: ActorWorker, thread: WorkerThread, tokenizer, max_batch_size: int) -> RolloutServicer:
-    worker = RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                           vocab_size=actor.vocab_size, max_batch_size=max_batch_size)
-    return RolloutServicer(worker, thread, allow_load_weights=False)
+def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int) -> RolloutWorker:
+    return RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+                         vocab_size=actor.vocab_size, max_batch_size=max_batch_size)

@@ -1,9 +1,8 @@
 """ActorService adapter: decode, validate, call the ActorWorker on its thread, encode."""
 from __future__ import annotations
 
-import os
-
-from services.actor.worker import ActorWorker
+from services.actor.front import ActorFront
+from tandem import checkpoint
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.rpc.worker_thread import WorkerThread
@@ -14,7 +13,7 @@ UPDATE_KEYS = ("old_log_probs", "advantages")
 
 
 class ActorServicer:
-    def __init__(self, worker: ActorWorker, thread: WorkerThread):
+    def __init__(self, worker: ActorFront, thread: WorkerThread):
         self.worker = worker
         self.thread = thread
 
@@ -38,6 +37,7 @@ class ActorServicer:
 
     async def UpdateActor(self, request, context):
         keys = UPDATE_KEYS + (("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ())
+        keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
         batch = self._decode(request, keys)
         metrics = await self.thread.run(self.worker.update_actor, batch)
         return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
@@ -66,10 +66,10 @@ class ActorServicer:
     async def LoadCheckpoint(self, request, context):
         if request.trunk_only:
             raise InvalidArgument("trunk_only: only the critic loads a trunk")
-        if not os.path.isfile(request.path):
-            raise NotFound(f"path: checkpoint {request.path!r} does not exist")
+        if not checkpoint.is_checkpoint(request.path):
+            raise NotFound(f"path: {request.path!r} is not a complete checkpoint directory")
         try:
             version = await self.thread.run(self.worker.load, request.path)
-        except (KeyError, RuntimeError) as e:
+        except (KeyError, RuntimeError, ValueError) as e:
             raise FailedPrecondition(f"path: {request.path!r} is not an actor checkpoint of this model: {e}") from None
         return common_pb2.LoadCheckpointResponse(weights_version=version)

@@ -1,6 +1,9 @@
-"""ActorWorker: the policy and its frozen reference on this rank; plain Python, no gRPC.
+"""ActorWorker: this rank's shard of the policy (trained) and its frozen reference.
 
-Methods take and return DataProto. The servicer validates requests before they get here.
+Plain Python, no gRPC. Every rank of the actor service holds one; the front door
+(services/actor/front.py) lays batches out over the DP ranks and calls the same method on
+every rank through tandem.dist.rank_group. Methods take this rank's shards of the
+mini-batches (None where it has no rows) and return per-shard results.
 """
 from __future__ import annotations
 
@@ -10,97 +13,80 @@ import torch
 
 from tandem import checkpoint
 from tandem.algos import metrics as M
-from tandem.config import TandemConfig
+from tandem.config import OptimConfig, TandemConfig
 from tandem.data.batch import DataProto
+from tandem.dist import device
 from tandem.models.build import build_gpt_model
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
-from tandem.train.microbatch import micro_batches, mini_batches
-from tandem.train.optim import Optimizer
+from tandem.train.microbatch import micro_batches
+from tandem.train.optim import Optimizer, wrap_ddp
+from tandem.train.schedule import run_schedule
 from tandem.train.step import train_steps
 
 
 class ActorWorker:
     def __init__(self, cfg: TandemConfig, tokenizer_len: int):
+        from megatron.core import parallel_state as ps
+
         self.cfg = cfg
         self.actor_cfg = cfg.actor_rollout_ref.actor
+        mcfg = self.actor_cfg.megatron
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
-        self.policy = build_gpt_model(self.shape)
+        self.architecture = _architecture(cfg.actor_rollout_ref.model.path)
+        tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
+        dtype = device.parse_dtype(mcfg.dtype)
+        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype)
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
-            from megatron.core import parallel_state as ps
-
             from tandem.convert.hf_load import load_hf_weights
 
             load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
-                            ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size())
-        self.ref = build_gpt_model(self.shape)  # megatron modules hold process groups: no deepcopy
+                            ps.get_tensor_model_parallel_rank(), tp)
+        self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
+        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype)  # megatron modules hold process groups: no deepcopy
         self.set_reference()
-        self.optimizer = Optimizer(self.policy.parameters(), self.actor_cfg.optim)
+        self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
-        self.weights_version = 0
-        self.update_calls = 0
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
-    def _log_probs(self, model, batch: DataProto, temperature: float, entropy: bool,
-                   micro_rows: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def log_probs(self, shards: list[DataProto | None], which: str, temperature: float,
+                  entropy: bool, micro_rows: int) -> list[DataProto | None]:
+        """Per shard: 'log_probs' [B, R] fp32 (+ 'entropys') of `which` ('policy' or 'ref')."""
+        model = self.ddp if which == "policy" else self.ref
         model.eval()
-        parts, ents = [], []
-        for mb in micro_batches(batch, micro_rows):
-            lp, ent = losses.response_log_probs(model, mb, temperature, with_entropy=entropy)
-            parts.append(lp.cpu())
+
+        def loss_fn(output, mb):
+            lp, ent = losses.response_log_probs(output, mb, temperature, with_entropy=entropy)
+            out = {"log_probs": lp.float().cpu()}
             if entropy:
-                ents.append(ent.cpu())
-        return torch.cat(parts), (torch.cat(ents) if entropy else None)
+                out["entropys"] = ent.float().cpu()
+            return output.new_zeros(()), 0, out
 
-    def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False) -> DataProto:
-        """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys').
-
-        Uses the update's micro-batch size, so the first on-policy mini-batch recomputes
-        bit-identical log-probs (ppo_kl == 0 exactly).
-        """
-        temperature = float(batch.meta.get("temperature", 1.0))
-        lp, ent = self._log_probs(self.policy, batch, temperature, calculate_entropy,
-                                  self.actor_cfg.ppo_micro_batch_size_per_gpu)
-        out = {"old_log_probs": lp}
-        if ent is not None:
-            out["entropys"] = ent
-        return DataProto(tensors=out)
-
-    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        temperature = float(batch.meta.get("temperature", 1.0))
-        lp, _ = self._log_probs(self.ref, batch, temperature, False,
-                                self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
-        return DataProto(tensors={"ref_log_prob": lp})
+        results = []
+        for shard in shards:
+            if shard is None:
+                results.append(None)
+                continue
+            outs = run_schedule(model, micro_batches(shard, micro_rows), loss_fn, forward_only=True)
+            results.append(DataProto(tensors={k: torch.cat([o[k] for o in outs]) for k in outs[0]
+                                              if k != "units"}) if outs else None)
+        return results
 
     # ---- training --------------------------------------------------------------------
-    def update_actor(self, batch: DataProto) -> dict[str, float]:
-        a = self.actor_cfg
-        temperature = float(batch.meta.get("temperature", 1.0))
-        n = int(batch.meta.get("rollout_n", self.cfg.actor_rollout_ref.rollout.n))
-        minis = mini_batches(batch, a.ppo_mini_batch_size * n, a.ppo_epochs, a.shuffle,
-                             seed=self.cfg.trainer.seed + self.update_calls)
-        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=a, temperature=temperature)
-        metrics = train_steps(self.policy, self.optimizer, minis, a.ppo_micro_batch_size_per_gpu,
-                              lambda model, mb: loss_fn(model, mb), M.ACTOR_GRAD_NORM, M.ACTOR_LR)
-        self.update_calls += 1
-        self.weights_version += 1
-        return metrics
+    def update(self, shards: list[DataProto], temperature: float) -> dict:
+        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
+        return train_steps(self.ddp, self.optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
+                           loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
 
-    def train_sft(self, batch: DataProto) -> dict[str, float]:
-        """One optimizer step of cross-entropy on batch['loss_mask'] tokens (warm start)."""
+    def train_sft(self, shards: list[DataProto]) -> dict:
+        """Cross-entropy on batch['loss_mask'] tokens (warm start), its own optimizer."""
         sft = self.cfg.trainer.sft
         if self.sft_optimizer is None:
-            from tandem.config import OptimConfig
-
-            self.sft_optimizer = Optimizer(self.policy.parameters(),
-                                           OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
-        metrics = train_steps(self.policy, self.sft_optimizer, [batch],
-                              self.actor_cfg.ppo_micro_batch_size_per_gpu, losses.sft_loss,
-                              "sft/grad_norm", "sft/lr")
-        self.weights_version += 1
-        return metrics
+            self.sft_optimizer = Optimizer(self.ddp, OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
+        return train_steps(self.ddp, self.sft_optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
+                           losses.sft_loss, "sft/grad_norm", "sft/lr")
 
     def set_reference(self) -> None:
         """reference := current policy (after the SFT warm start)."""
@@ -112,17 +98,28 @@ class ActorWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu() for k, v in checkpoint.model_weights(self.policy).items()}
 
-    def save(self, path: str) -> str:
-        return checkpoint.save_atomic({
-            "policy": self.policy.state_dict(), "ref": self.ref.state_dict(),
-            "optimizer": self.optimizer.state_dict(), "weights_version": self.weights_version,
-            "update_calls": self.update_calls}, path)
+    def export_hf(self, out_dir: str, tokenizer_dir: str | None) -> str:
+        """The policy as a Hugging Face checkpoint (TP shards gathered; TP rank 0 of DP rank 0 writes)."""
+        from tandem.convert.hf_export import export_hf
 
-    def load(self, path: str) -> int:
-        state = checkpoint.load(path)
-        self.policy.load_state_dict(state["policy"])
-        self.ref.load_state_dict(state["ref"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.weights_version = state["weights_version"]
-        self.update_calls = state["update_calls"]
-        return self.weights_version
+        export_hf(self.policy, self.shape, out_dir, self.architecture, tokenizer_dir=tokenizer_dir)
+        return out_dir
+
+    def save(self, path: str, meta: dict) -> str:
+        return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
+
+    def load(self, path: str) -> dict:
+        return checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
+
+
+def _architecture(hf_dir: str | None) -> str:
+    """The Hugging Face class the policy exports as: the source checkpoint's, else Llama."""
+    if not hf_dir:
+        return "LlamaForCausalLM"
+    import json
+    import os
+
+    from tandem.convert.hf_config import architecture_of
+
+    with open(os.path.join(hf_dir, "config.json")) as f:
+        return architecture_of(json.load(f))

@@ -1,9 +1,8 @@
 """CriticService adapter: decode, validate, call the CriticWorker on its thread, encode."""
 from __future__ import annotations
 
-import os
-
-from services.critic.worker import CriticWorker
+from services.critic.front import CriticFront
+from tandem import checkpoint
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.rpc.worker_thread import WorkerThread
@@ -13,7 +12,7 @@ SERVICE = "tandem.v1.CriticService"
 
 
 class CriticServicer:
-    def __init__(self, worker: CriticWorker, thread: WorkerThread):
+    def __init__(self, worker: CriticFront, thread: WorkerThread):
         self.worker = worker
         self.thread = thread
 
@@ -36,10 +35,10 @@ class CriticServicer:
         return common_pb2.SaveCheckpointResponse(path=path)
 
     async def LoadCheckpoint(self, request, context):
-        if not os.path.isfile(request.path):
-            raise NotFound(f"path: checkpoint {request.path!r} does not exist")
+        if not checkpoint.is_checkpoint(request.path):
+            raise NotFound(f"path: {request.path!r} is not a complete checkpoint directory")
         try:
             version = await self.thread.run(self.worker.load, request.path, request.trunk_only)
-        except (KeyError, RuntimeError) as e:
+        except (KeyError, RuntimeError, ValueError) as e:
             raise FailedPrecondition(f"path: {request.path!r} does not fit this critic: {e}") from None
         return common_pb2.LoadCheckpointResponse(weights_version=version)

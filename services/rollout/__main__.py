@@ -2,11 +2,15 @@
 
 `python -m services.rollout --config RUN.yaml`. Disaggregated mode: the controller
 moves the actor's weights here after every update (ExportWeights -> LoadWeights).
+With services.rollout.world_size > 1 the prompts are split over that many ranks (DP).
 """
 from __future__ import annotations
 
+from tandem.dist import device
+from tandem.dist.rank_group import RankGroup
 from tandem.models.build import build_gpt_model
 from tandem.models.shape_from_config import model_shape
+from tandem.rollout.front import RolloutFront
 from tandem.rollout.servicer import SERVICE, RolloutServicer
 from tandem.rollout.worker import RolloutWorker
 from tandem.rpc.launch import init_service, load_tokenizer, parse_args
@@ -17,17 +21,25 @@ from tandem.rpc.worker_thread import WorkerThread
 def main(argv=None) -> None:
     args = parse_args("rollout", argv)
     cfg = args.cfg
-    init_service("rollout", args, cfg.services.rollout.torch_threads, cfg.actor_rollout_ref.actor.megatron.seed)
     tokenizer = load_tokenizer(cfg)
-    model = build_gpt_model(model_shape(cfg.actor_rollout_ref.model, len(tokenizer))).eval()
+    shape = model_shape(cfg.actor_rollout_ref.model, len(tokenizer))
+    init_service("rollout", args, cfg.services.rollout.torch_threads, cfg.actor_rollout_ref.actor.megatron.seed,
+                 world_size=cfg.services.rollout.world_size, shape=shape)
+    dtype = device.parse_dtype(cfg.actor_rollout_ref.actor.megatron.dtype)  # the weights it receives
+    model = build_gpt_model(shape, params_dtype=dtype).eval()
     worker = RolloutWorker(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
                            vocab_size=model.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
+    group = RankGroup({"rollout": worker})
+    if not group.is_front:
+        group.follow()
+        return
     thread = WorkerThread("rollout")
     try:
-        run_server(serve([(SERVICE, RolloutServicer(worker, thread))], role="rollout",
-                         host=args.host, port=args.port, port_file=args.port_file))
+        run_server(serve([(SERVICE, RolloutServicer(RolloutFront(group, model.vocab_size), thread))],
+                         role="rollout", host=args.host, port=args.port, port_file=args.port_file))
     finally:
-        thread.shutdown(wait=False)
+        thread.shutdown(wait=True)  # the running call finishes on every rank first
+        group.stop()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ Semantics and names mirror verl's ``verl/trainer/ppo/core_algos.py``; each
 function's docstring states where Tandem deliberately differs.
 
 Modules: ``aggregate`` (masked reductions, loss_agg_mode), ``advantages``
-(estimators + registry), ``kl`` (estimators, controllers, in-reward penalty),
+(estimators + registry), ``dapo`` (overlong penalty, group filter), ``kl`` (estimators, controllers, in-reward penalty),
 ``losses`` (policy/value/entropy/KL losses, TIS), ``metrics`` (logged names).
 """
 
@@ -22,6 +22,7 @@ from tandem.algos.advantages import (
     get_adv_estimator,
     register_adv_estimator,
 )
+from tandem.algos.dapo import compute_overlong_penalty, varied_group_mask
 from tandem.algos.aggregate import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
 from tandem.algos.kl import (
     KL_PENALTY_TYPES,
@@ -55,6 +56,7 @@ __all__ = [
     "compute_entropy_from_logits",
     "compute_gae_advantage_return",
     "compute_grpo_outcome_advantage",
+    "compute_overlong_penalty",
     "compute_gspo_policy_loss",
     "compute_policy_loss",
     "compute_reinforce_plus_plus_baseline_outcome_advantage",
@@ -73,4 +75,5 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "register_adv_estimator",
+    "varied_group_mask",
 ]

@@ -31,6 +31,7 @@ def compute_policy_loss(
     clip_ratio_high: float | None = None,
     clip_ratio_c: float = 3.0,
     loss_agg_mode: str = "token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """PPO clipped surrogate loss with clip-higher (DAPO) and dual-clip (Ye et al. 2019).
 
@@ -52,6 +53,9 @@ def compute_policy_loss(
         clip_ratio_high: upper side, ``ratio <= 1 + clip_ratio_high``; None = clip_ratio.
         clip_ratio_c: dual-clip bound (> 1) on the loss of negative-advantage tokens.
         loss_agg_mode: see ``agg_loss``.
+        is_weights: optional float ``[B, R]`` detached per-token weights (truncated
+            IS, ``compute_truncated_is_weights``) multiplied into the per-token loss
+            after clipping, before aggregation (verl's TIS). The diagnostics ignore them.
 
     Returns:
         pg_loss: 0-d, the aggregated loss.
@@ -86,6 +90,8 @@ def compute_policy_loss(
     pg_clipfrac_lower = masked_mean(((loss_ppo > loss_dual_bound) & negative).to(ratio.dtype).detach(), response_mask)
 
     pg_losses = torch.where(negative, torch.minimum(loss_ppo, loss_dual_bound), loss_ppo)
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights.detach()
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
     return pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower
 
@@ -98,6 +104,7 @@ def compute_gspo_policy_loss(
     clip_ratio_low: float,
     clip_ratio_high: float,
     loss_agg_mode: str = "seq-mean-token-mean",
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """GSPO (Zheng et al. 2025, arXiv:2507.18071): PPO clipping on a sequence-level ratio.
 
@@ -117,6 +124,8 @@ def compute_gspo_policy_loss(
         clip_ratio_high: ``s <= 1 + clip_ratio_high`` (the paper uses ~4e-4).
         loss_agg_mode: see ``agg_loss``; the paper's objective is
             ``"seq-mean-token-mean"`` (verl hard-codes it; Tandem honours the argument).
+        is_weights: optional detached ``[B, R]`` per-token TIS weights, multiplied
+            into the per-token loss before aggregation (as in ``compute_policy_loss``).
 
     Returns:
         (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower) as in
@@ -133,6 +142,8 @@ def compute_gspo_policy_loss(
     loss_unclipped = -advantages * seq_ratio
     loss_clipped = -advantages * torch.clamp(seq_ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     pg_losses = torch.maximum(loss_unclipped, loss_clipped)
+    if is_weights is not None:
+        pg_losses = pg_losses * is_weights.detach()
     pg_loss = agg_loss(pg_losses, response_mask, loss_agg_mode)
 
     pg_clipfrac = masked_mean((loss_clipped > loss_unclipped).to(seq_ratio.dtype).detach(), response_mask)

@@ -112,6 +112,20 @@ TRAINING_GLOBAL_STEP = _define("training/global_step", "number of completed trai
 TRAINING_EPOCH = _define("training/epoch", "index of the current pass over the training data")
 VAL_ACCURACY = _define("val/accuracy", "mean validation score (fraction correct for 0/1 rewards)")
 
+# ---- issue 4: TIS, DAPO, validation at N samples ---------------------------------
+ACTOR_TIS_IMP_RATIO_MEAN = _define(
+    "actor/tis_imp_ratio_mean", "mean over response tokens of the truncated IS weight min(pi_old / pi_rollout, cap)")
+ACTOR_TIS_CLIPFRAC = _define("actor/tis_clipfrac", "fraction of response tokens whose IS ratio exceeded the cap")
+TRAIN_NUM_GEN_BATCHES = _define("train/num_gen_batches", "generation rounds run to fill the batch (DAPO dynamic sampling)")
+TRAIN_NUM_DROPPED_GROUPS = _define(
+    "train/num_dropped_groups", "prompt groups dropped because all their rewards were equal (DAPO dynamic sampling)")
+TRAIN_NUM_KEPT_GROUPS = _define("train/num_kept_groups", "prompt groups kept for the update (DAPO dynamic sampling)")
+CRITIC_OVERLONG_REWARD_MEAN = _define(
+    "critic/overlong_reward/mean", "mean over rows of the DAPO overlong penalty added to the score (<= 0)")
+CRITIC_OVERLONG_FRAC = _define("critic/overlong/frac", "fraction of rows longer than max_response_length - buffer len")
+REWARD_BASELINE_MEAN = _define("critic/reward_baseline/mean", "mean score of the greedy baseline responses (ReMax)")
+VAL_GREEDY_ACCURACY = VAL_ACCURACY  # greedy decoding, all validation prompts
+
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
     """Fraction of the variance of ``returns`` explained by ``values`` over masked-in tokens.

@@ -71,6 +71,60 @@ def install_cpu_compat() -> None:
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None
     _patch_rng_tracker()
+    _patch_hard_coded_cuda()
+
+
+# megatron-core modules that create small tensors with a literal device="cuda"
+# (optimizer scalars, grad-norm buffers, checkpoint exchange buffers).
+_CUDA_LITERAL_MODULES = (
+    "megatron.core.optimizer.optimizer",
+    "megatron.core.optimizer.clip_grads",
+    "megatron.core.utils",  # local multi-tensor fallbacks (no Apex / Transformer Engine)
+    "megatron.core.distributed.param_and_grad_buffer",
+    "megatron.core.pipeline_parallel.schedules",  # PP = 1 schedule; PP > 1 stays GPU-only
+    "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.dist_checkpointing.strategies.state_dict_saver",
+)
+
+
+class _CpuTorch:
+    """`torch` as seen by those modules: device="cuda" means the CPU; all else is torch."""
+
+    @staticmethod
+    def _fix(kwargs):
+        dev = kwargs.get("device")
+        if dev is not None and str(dev).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return kwargs
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name in ("tensor", "zeros", "ones", "empty", "full", "arange"):
+            return lambda *a, **k: attr(*a, **self._fix(k))
+        return attr
+
+
+def _patch_hard_coded_cuda() -> None:
+    import importlib
+
+    for name in _CUDA_LITERAL_MODULES:
+        try:
+            importlib.import_module(name).torch = _CpuTorch()
+        except ImportError:  # absent in this megatron-core version
+            pass
+    torch.Tensor.cuda = lambda self, *a, **k: self  # "move to the GPU" = stay on the CPU
+    from megatron.core.optimizer import optimizer as moptimizer
+
+    moptimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
+
+
+def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron's clip_grad_by_total_norm_fp32 (same coefficient) minus its CUDA-type assert."""
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr) for p in parameters if getattr(p, attr, None) is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
 
 
 def _patch_rng_tracker() -> None:

@@ -1,12 +1,17 @@
-"""Batched generation with a KV cache on a megatron-core GPTModel.
+"""Batched generation on a megatron-core GPTModel: the scheduler/runner loop.
 
-The cache is megatron's StaticInferenceContext (preallocated [max_seq, batch, ...] per
-layer). Prompts are left-padded so every row's last prompt token sits at the same
-position; the prefill runs the whole prompt block once, then each decode step feeds one
-token per row with a mask over the valid cache positions.
+`GenerationEngine.generate` is three calls in a loop: the scheduler (CPU) plans which
+prompts to admit into free cache slots and how many decode steps to run, the runner
+executes the plan on the device and reports which slots are still alive, and the
+scheduler frees finished slots for the waiting prompts (continuous batching). The n
+samples of a prompt share one prefill. On a GPU (TP = 1) each decode step is a CUDA
+graph replay and the host looks at the finished flags only every `sync_every` steps;
+on CPU (and with TP > 1) the same step runs eagerly, every step.
 
-Not here yet (see the rollout-engine issue): CUDA graphs, continuous refill of finished
-rows, shared prefill for the n samples of a prompt.
+Results do not depend on the batching: a row's random draws are a function of
+(seed, row, position) (see sampling.sample_rows), so any slot count gives the same rows.
+
+Not here: pipeline parallelism, vLLM/SGLang engines, prefix caching across prompts.
 """
 from __future__ import annotations
 
@@ -15,8 +20,9 @@ from dataclasses import dataclass
 import torch
 
 from tandem.dist import device
-from tandem.generation.sampling import SamplingParams, sample
-from tandem.models.forward import attention_mask_4d
+from tandem.generation.runner import ModelRunner, Request
+from tandem.generation.sampling import SamplingParams
+from tandem.generation.scheduler import Scheduler
 
 
 @dataclass
@@ -39,79 +45,73 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+def _pow2_buckets(limit: int, smallest: int = 8) -> list[int]:
+    out, b = [], smallest
+    while b < limit:
+        out.append(b)
+        b *= 2
+    return out + [limit]
+
+
 class GenerationEngine:
+    """Generation with a static KV cache of `max_batch_size` slots (rows decoded together).
+
+    use_graphs: capture decode in CUDA graphs (default: on when CUDA is present; TP > 1
+    always runs eagerly). sync_every: decode steps between host looks at the finished
+    flags (default 8 on GPU, 1 on CPU). kv_bucket: attention spans the cache rounded up
+    to a multiple of this many positions (bounds the number of graphs). decode_attention:
+    "sdpa" (torch's fused kernels) or "matmul" (two batched GEMMs, fp32 softmax)."""
+
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int,
-                 max_batch_size: int = 512):
+                 max_batch_size: int = 512, use_graphs: bool | None = None,
+                 sync_every: int | None = None, kv_bucket: int = 128,
+                 decode_attention: str = "sdpa"):
         self.model = model
         self.pad_id, self.eos_id, self.vocab_size = pad_id, eos_id, vocab_size
         self.max_batch_size = max_batch_size
+        gpu = device.has_cuda()
+        self.use_graphs = gpu if use_graphs is None else use_graphs
+        self.sync_every = sync_every or (8 if gpu else 1)
+        self.kv_bucket = kv_bucket
+        self.decode_attention = decode_attention
+        self.runner: ModelRunner | None = None
 
+    def release(self) -> None:
+        """Free the KV cache and graphs (e.g. before the colocated actor trains)."""
+        self.runner = None
+
+    @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationResult:
         """Each prompt is sampled params.n times; rows are prompt-major (p0 s0, p0 s1, ...)."""
         params.validate(self.vocab_size)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every prompt needs at least one token")
-        rows = [p for p in prompts for _ in range(params.n)]
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(device=device.device()).manual_seed(params.seed)
-        parts = [self._generate_chunk(rows[i:i + self.max_batch_size], params, generator)
-                 for i in range(0, len(rows), self.max_batch_size)]
-        if len(parts) == 1:
-            return parts[0]
-        width = max(p.prompts.shape[1] for p in parts)
-        def pad_left(t, value):
-            return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
-        return GenerationResult(
-            prompts=torch.cat([pad_left(p.prompts, self.pad_id) for p in parts]),
-            prompt_mask=torch.cat([pad_left(p.prompt_mask, 0) for p in parts]),
-            responses=torch.cat([p.responses for p in parts]),
-            response_mask=torch.cat([p.response_mask for p in parts]),
-            rollout_log_probs=torch.cat([p.rollout_log_probs for p in parts]))
+        n, r = params.n, params.max_new_tokens
+        rows = len(prompts) * n
+        slots = max(n, min(self.max_batch_size, rows))
+        need = max(len(p) for p in prompts) + r
+        max_len = -(-need // self.kv_bucket) * self.kv_bucket
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31, ()).item())
+        stop_ids = sorted({self.eos_id, *params.stop_token_ids})
 
-    @torch.no_grad()
-    def _generate_chunk(self, rows, params, generator) -> GenerationResult:
-        from megatron.core.inference.contexts import StaticInferenceContext
-
-        dev = device.device()
-        prompt_ids, prompt_mask = left_pad(rows, self.pad_id)
-        n, lp = prompt_ids.shape
-        r = params.max_new_tokens
-        ctx = StaticInferenceContext(max_batch_size=n, max_sequence_length=lp + r)
-        stop_ids = torch.tensor(sorted({self.eos_id, *params.stop_token_ids}), device=dev)
-
-        tokens_out = torch.full((n, r), self.pad_id, dtype=torch.long, device=dev)
-        logp_out = torch.zeros((n, r), dtype=torch.float32, device=dev)
-        alive = torch.ones(n, dtype=torch.bool, device=dev)
-        lengths = torch.zeros(n, dtype=torch.long, device=dev)
-        key_valid = torch.cat([prompt_mask.to(dev).bool(),
-                               torch.ones((n, r), dtype=torch.bool, device=dev)], dim=1)
-
+        if self.runner is None:
+            self.runner = ModelRunner(self.model, device=device.device(), use_graphs=self.use_graphs,
+                                      window=self.sync_every,
+                                      decode_attention=self.decode_attention)
+        runner = self.runner
+        runner.begin(Request(prompts, params, stop_ids, seed), slots, max_len)
+        sched = Scheduler([len(p) for p in prompts], n, r, num_slots=slots,
+                          max_len=runner.cache.max_len, sync_every=self.sync_every,
+                          batch_buckets=_pow2_buckets(slots), kv_bucket=self.kv_bucket)
         was_training = self.model.training
         self.model.eval()
         try:
-            # prefill: [N, Lp] -> logits of the last position
-            logits = self._forward(prompt_ids.to(dev), attention_mask_4d(prompt_mask.to(dev)), ctx)
-            for step in range(r):
-                tok, logp = sample(logits, params, generator)
-                tok = torch.where(alive, tok, self.pad_id)
-                tokens_out[:, step] = tok
-                logp_out[:, step] = torch.where(alive, logp, 0.0)
-                lengths += alive.long()
-                alive &= ~torch.isin(tok, stop_ids)
-                if step == r - 1 or not bool(alive.any()):
-                    break
-                # decode: one token per row against the cache [0, lp + step]
-                mask = ~key_valid[:, None, None, : lp + step + 1]
-                logits = self._forward(tok[:, None], mask, ctx)
+            while (plan := sched.schedule()) is not None:
+                sched.update(plan, runner.execute(plan))
         finally:
             self.model.train(was_training)
-        response_mask = (torch.arange(r, device=dev)[None] < lengths[:, None]).long()
-        return GenerationResult(prompt_ids, prompt_mask, tokens_out.cpu(), response_mask.cpu(),
-                                logp_out.cpu())
-
-    def _forward(self, tokens, mask, ctx) -> torch.Tensor:
-        out = self.model(tokens, None, mask, inference_context=ctx,
-                         runtime_gather_output=True)  # [N, 1, V]: gathered over TP
-        ctx.sequence_len_offset += tokens.shape[1]
-        return out[:, -1, :].float()
+        tokens, logp, mask = runner.outputs()
+        tokens = torch.where(mask, tokens, self.pad_id)
+        prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(n)], self.pad_id)
+        return GenerationResult(prompt_ids, prompt_mask, tokens.cpu(), mask.long().cpu(),
+                                torch.where(mask, logp, 0.0).cpu())

@@ -1,5 +1,12 @@
 """Sampling parameters and token sampling: temperature, top-k, top-p, explicit seeds.
 
+`sample_rows` is what the engine uses: its randomness is a counter-based hash of
+(seed, output row, response position), so a row's tokens do not depend on which slot
+or batch it was decoded in, need no generator state (CUDA-graph safe, the same on every
+TP rank) and cost one uniform per row: the token is drawn by inverse CDF over the
+(filtered) distribution. `sample` (exponential race with a torch.Generator) is kept for
+callers that hold a generator.
+
 Returned log-probs are log softmax(logits / T) of the chosen token, before top-k/top-p
 filtering: the same quantity the actor recomputes (tandem.models.logprobs), which is
 what PPO's importance ratio needs. Greedy decoding reports T = 1 log-probs.
@@ -72,3 +79,102 @@ def sample(logits: torch.Tensor, params: SamplingParams,
         tokens = (probs / noise).argmax(-1)
     logp = torch.log_softmax(logits / params.logprob_temperature, -1)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values < 2**32 (no int64 overflow:
+    both multipliers are < 2**31)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x5BD1E995) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1), fp32, one per (seed, row, step); int64 tensors, broadcastable.
+
+    Deterministic and stateless: the same triple gives the same number on any device,
+    batch layout or TP rank. 24-bit resolution (the fp32 mantissa)."""
+    h = _mix32((seed & _M32) ^ 0x2545F491)
+    h = _mix32(h ^ (rows & _M32))
+    h = _mix32(h ^ (steps & _M32))
+    return ((h >> 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def _last_positive(p: torch.Tensor) -> torch.Tensor:
+    """Index of the last entry > 0 of each row of p [N, K] -> [N]."""
+    idx = torch.arange(p.shape[-1], device=p.device)
+    return torch.where(p > 0, idx, -1).amax(-1).clamp_(min=0)
+
+
+def _search(p: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """First j with cumsum(p)[j] > target (target [N] >= 0); a row whose target reaches
+    its total through fp rounding gets its last positive entry. Never an entry with p = 0."""
+    j = torch.searchsorted(p.cumsum(-1), target.unsqueeze(-1), right=True).squeeze(-1)
+    return torch.where(j >= p.shape[-1], _last_positive(p), j)
+
+
+def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 2048) -> torch.Tensor:
+    """Index drawn from each row of probs [N, K] (>= 0, unnormalised ok) with uniform u [N].
+
+    Two levels for long rows: per-block sums pick the block, a cumsum over that block
+    only picks the index, so the full-vocabulary work is one reduction pass (a full-row
+    cumsum runs one thread block per row: slow for 150k-token vocabularies)."""
+    n, k = probs.shape
+    if k <= 2 * block:
+        return _search(probs, u * probs.sum(-1))
+    full = k // block
+    sums = probs[:, :full * block].view(n, full, block).sum(-1)  # [N, full(+1)]
+    if k > full * block:
+        sums = torch.cat([sums, probs[:, full * block:].sum(-1, keepdim=True)], dim=-1)
+    target = u * sums.sum(-1)
+    b = _search(sums, target)  # [N] block index, a block with mass
+    before = (sums.cumsum(-1) - sums).gather(-1, b[:, None]).squeeze(-1)
+    idx = b[:, None] * block + torch.arange(block, device=probs.device)[None]  # [N, block]
+    inside = probs.gather(-1, idx.clamp(max=k - 1)).masked_fill(idx >= k, 0.0)
+    j = _search(inside, (target - before).clamp(min=0))
+    return b * block + j
+
+
+def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero the probabilities of a descending row once the mass before them reaches top_p
+    (the first token always stays); the same rule as filter_logits."""
+    if top_p >= 1.0:
+        return sorted_probs
+    drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+    return sorted_probs.masked_fill(drop, 0.0)
+
+
+def sample_rows(logits: torch.Tensor, params: SamplingParams, seed: torch.Tensor,
+                rows: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[N, V] full-vocab logits -> (tokens [N] int64, log-probs [N] fp32); no host sync.
+
+    seed: int64 scalar tensor; rows, steps: [N] int64 (output row, response position):
+    the randomness of each draw. Distribution: softmax(logits / T) restricted to top-k,
+    then to the top-p nucleus of the renormalised survivors (filter_logits' rule).
+    """
+    logits = logits.float()
+    if params.greedy:
+        tokens = logits.argmax(-1)
+        z = logits
+    else:
+        z = logits / params.temperature
+        u = counter_uniform(seed, rows, steps)
+        vocab = z.shape[-1]
+        if params.top_k and params.top_k < vocab:
+            vals, idx = torch.topk(z, params.top_k, dim=-1)  # sorted, descending
+            probs = _nucleus(torch.softmax(vals, -1), params.top_p)
+            tokens = idx.gather(-1, _inverse_cdf(probs, u)[:, None]).squeeze(-1)
+        elif params.top_p < 1.0:
+            vals, idx = torch.sort(z, dim=-1, descending=True)
+            probs = _nucleus(torch.softmax(vals, -1), params.top_p)
+            tokens = idx.gather(-1, _inverse_cdf(probs, u)[:, None]).squeeze(-1)
+        else:
+            tokens = _inverse_cdf(torch.softmax(z, -1), u)
+    # log softmax(logits / T_lp)[token] without materialising the log-softmax
+    logp = z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
+    return tokens, logp

@@ -54,4 +54,8 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
     )
     if head == "scalar" and model.post_process:
         model.output_layer = ScalarHead(shape.hidden_size, params_dtype)
+    # The local spec's torch norms are created in fp32; megatron's mixed-precision optimizer
+    # expects every parameter in params_dtype (as Megatron-LM's Float16Module casts them).
+    for param in model.parameters():
+        param.data = param.data.to(params_dtype)
     return model.to(device.device())

@@ -43,15 +43,17 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     if _tp_size() == 1:
         logp = torch.log_softmax(z, dim=-1)
         return -(logp.exp() * logp).sum(-1)
-    from torch.distributed.nn.functional import all_reduce
+    # forward: sum over TP ranks; backward: identity (every rank holds the same loss;
+    # torch.distributed.nn's all_reduce would sum the gradient again, x tp)
+    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region as all_reduce
 
     group = _tp_group()
     z_max = z.detach().amax(-1, keepdim=True)
     torch.distributed.all_reduce(z_max, op=torch.distributed.ReduceOp.MAX, group=group)
     z = z - z_max
     exp_z = z.exp()
-    sum_exp = all_reduce(exp_z.sum(-1), group=group)
-    sum_pz = all_reduce((exp_z * z).sum(-1), group=group)
+    sum_exp = all_reduce(exp_z.sum(-1))
+    sum_pz = all_reduce((exp_z * z).sum(-1))
     # H = log sum exp(z) - E_p[z]
     return sum_exp.log() - sum_pz / sum_exp
 

@@ -36,8 +36,6 @@ def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1,
                        params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from tandem.dist import device
-
     return TransformerConfig(
         num_layers=shape.num_hidden_layers,
         hidden_size=shape.hidden_size,
@@ -69,4 +67,10 @@ def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1,
         fp16=params_dtype == torch.float16,
         # CPU init of the full weight, then TP split: the same seed gives the same model at any TP.
         use_cpu_initialization=True,
+        # Losses are sums over a micro-batch's loss units (tokens or rows); DDP sums gradients over
+        # DP ranks and finalize_model_grads divides by the mini-batch's units: any split, same step.
+        calculate_per_token_loss=True,
+        variable_seq_lengths=pp > 1,  # micro-batches differ in length; PP sends shapes first
+        # (no MoE here; megatron 0.19 refuses variable lengths with its default allgather dispatcher)
+        moe_token_dispatcher_type="alltoall",
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tandem.data import codec, schemas
 from tandem.generation.sampling import SamplingParams
-from tandem.rollout.worker import RolloutWorker
+from tandem.rollout.front import RolloutFront
 from tandem.rpc.errors import InvalidArgument
 from tandem.rpc.worker_thread import WorkerThread
 from tandem.v1 import rollout_pb2
@@ -33,7 +33,7 @@ def sampling_from_proto(p: rollout_pb2.SamplingParams, vocab_size: int) -> Sampl
 
 
 class RolloutServicer:
-    def __init__(self, worker: RolloutWorker, thread: WorkerThread, allow_load_weights: bool = True):
+    def __init__(self, worker: RolloutFront, thread: WorkerThread, allow_load_weights: bool = True):
         self.worker = worker
         self.thread = thread
         self.allow_load_weights = allow_load_weights

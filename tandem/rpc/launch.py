@@ -2,12 +2,20 @@
 
 A service is started as `python -m services.<role> --config RUN.yaml [--port-file F]`.
 The config is the run's resolved YAML (tandem.config); the role takes its own section.
+
+A service of several ranks (`services.<role>.world_size` > 1) is started the same way:
+that process is rank 0 (the gRPC front door); it validates the parallel layout, starts
+ranks 1..N-1 as child processes of the same module (`--rank i`), and all of them meet
+in torch.distributed. Children die with rank 0 (PR_SET_PDEATHSIG).
 """
 from __future__ import annotations
 
 import argparse
 import os
-from dataclasses import dataclass
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
 
 import torch
 
@@ -22,6 +30,10 @@ class ServiceArgs:
     port: int
     port_file: str | None
     run_id: str | None
+    config_path: str | None = None
+    overrides: list = field(default_factory=list)
+    rank: int = 0
+    rendezvous: str | None = None
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
@@ -32,25 +44,55 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"))
+    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for its children
+    p.add_argument("--rendezvous", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
-    return ServiceArgs(cfg, a.host, a.port, a.port_file, a.run_id)
+    return ServiceArgs(cfg, a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
+                       a.rank, a.rendezvous)
 
 
-def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int):
-    """Logging, torch threads, and a 1-rank process group with megatron parallel_state.
-
-    (Multi-rank groups with a front door come with the Megatron-sharded roles issue.)
-    """
-    configure_logging(role=role, rank=0, run_id=args.run_id)
+def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
+                 parallel=None, world_size: int = 1, shape=None):
+    """Logging, torch threads, and (for model roles) this rank's torch.distributed and
+    megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
+    groups) and starts the other ranks first."""
+    configure_logging(role=role, rank=args.rank, run_id=args.run_id)
     torch.set_num_threads(max(1, torch_threads))
-    if role != "reward":
-        from tandem.dist.parallel import ParallelConfig, init_distributed
+    if role == "reward":
+        return get_logger(f"services.{role}")
+    from tandem.dist.parallel import ParallelConfig, init_distributed
 
-        init_distributed(ParallelConfig(), rank=0, world_size=1,
-                         init_method=f"file://{_rendezvous_file(role)}", seed=seed)
+    parallel = parallel or ParallelConfig()
+    if shape is not None:
+        parallel.validate(world_size, shape.num_attention_heads, shape.num_key_value_heads)
+    rendezvous = args.rendezvous
+    if args.rank == 0:
+        rendezvous = _rendezvous_file(role)
+        _start_other_ranks(role, args, world_size, rendezvous)
+    init_distributed(parallel, rank=args.rank, world_size=world_size,
+                     init_method=f"file://{rendezvous}", seed=seed)
     return get_logger(f"services.{role}")
+
+
+def _start_other_ranks(role: str, args: ServiceArgs, world_size: int, rendezvous: str) -> None:
+    base = [sys.executable, "-m", f"services.{role}", "--rendezvous", rendezvous]
+    if args.config_path:
+        base += ["--config", args.config_path]
+    if args.run_id:
+        base += ["--run-id", args.run_id]
+    for rank in range(1, world_size):
+        env = dict(os.environ, LOCAL_RANK=str(rank))
+        subprocess.Popen(base + ["--rank", str(rank), *args.overrides], env=env,
+                         preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
 
 
 def _rendezvous_file(role: str) -> str:
@@ -58,7 +100,7 @@ def _rendezvous_file(role: str) -> str:
 
     fd, path = tempfile.mkstemp(prefix=f"tandem-{role}-", suffix=".rdzv")
     os.close(fd)
-    os.unlink(path)  # torch's FileStore creates it; a fresh name per process
+    os.unlink(path)  # torch's FileStore creates it; a fresh name per service
     return path
 
 

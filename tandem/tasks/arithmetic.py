@@ -14,19 +14,24 @@ SPECIAL = ["<pad>", "<bos>", "<eos>"]
 CHARS = list("0123456789+=")
 
 
-def build_tokenizer(out_dir: str) -> str:
-    """Write a character tokenizer to out_dir (idempotent); return the directory."""
+def build_tokenizer(out_dir: str, chars: list[str] | None = None, chat_template: str | None = None) -> str:
+    """Write a character tokenizer to out_dir (idempotent); return the directory.
+
+    `chars` defaults to the built-in task's characters; `chat_template` (Jinja, as in
+    any Hugging Face tokenizer) is saved with it when given."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     if os.path.exists(os.path.join(out_dir, "tokenizer.json")):
         return out_dir
-    vocab = {tok: i for i, tok in enumerate(SPECIAL + CHARS)}
+    vocab = {tok: i for i, tok in enumerate(SPECIAL + (chars or CHARS))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()  # characters join without spaces
     tok = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<bos>",
                                   eos_token="<eos>")
+    if chat_template is not None:
+        tok.chat_template = chat_template
     tmp = out_dir + ".tmp"
     tok.save_pretrained(tmp)
     os.replace(tmp, out_dir)

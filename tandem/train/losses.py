@@ -12,29 +12,49 @@ from tandem.algos import metrics as M
 from tandem.config import ActorConfig, CriticConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
-from tandem.models.forward import forward_logits, response_slice
-from tandem.models.logprobs import entropy_from_logits, log_probs_from_logits
+from tandem.models.forward import response_slice
+from tandem.models.logprobs import entropy_from_logits, gather_vocab, log_probs_from_logits
 
 
-def _inputs(mb: DataProto):
-    dev = device.device()
-    return mb["input_ids"].to(dev), mb["attention_mask"].to(dev), mb["responses"].to(dev)
+def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> int:
+    """What a loss_agg_mode averages over: kept tokens (token-mean) or rows (seq-mean-*).
+
+    A loss is backpropagated as mean x units and divided by the units of the whole
+    mini-batch, which makes the gradient independent of how rows split over micro-batches
+    and DP ranks (tandem/train/schedule.py)."""
+    if loss_agg_mode == "token-mean":
+        return int(mask.bool().sum())
+    if loss_agg_mode == "seq-mean-token-sum-norm":
+        return int(mask.shape[0])
+    return int(mask.bool().any(dim=-1).sum())  # seq-mean modes leave out rows with no token
 
 
-def response_log_probs(model, mb: DataProto, temperature: float, with_entropy: bool):
-    """-> (log_probs [B, R], entropy [B, R] or None) of the response tokens."""
-    input_ids, attention_mask, responses = _inputs(mb)
-    logits = response_slice(forward_logits(model, input_ids, attention_mask), responses.shape[1])
+def response_log_probs(output: torch.Tensor, mb: DataProto, temperature: float, with_entropy: bool):
+    """Model output [B, T, V/tp] -> (log_probs [B, R], entropy [B, R] or None) of the response."""
+    responses = mb["responses"].to(output.device)
+    logits = response_slice(output, responses.shape[1])
     entropy = entropy_from_logits(logits, temperature) if with_entropy else None
     return log_probs_from_logits(logits, responses, temperature), entropy
 
 
-def ppo_actor_loss(model, mb: DataProto, cfg: ActorConfig, temperature: float):
-    """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, metrics)."""
+def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float):
+    """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics)."""
     dev = device.device()
     mask = mb["response_mask"].to(dev).float()
-    log_prob, entropy = response_log_probs(model, mb, temperature, with_entropy=True)
-    common = dict(old_log_prob=mb["old_log_probs"].to(dev), log_prob=log_prob,
+    # with no entropy bonus the entropy is only a metric: keep its [B, R, V] graph out of backward
+    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coeff != 0):
+        entropy = entropy_from_logits(response_slice(output, mb["responses"].shape[1]), temperature)
+    log_prob, _ = response_log_probs(output, mb, temperature, with_entropy=False)
+    old_log_prob = mb["old_log_probs"].to(dev)
+    is_weights, tis_metrics = None, {}
+    if cfg.tis_imp_ratio_cap > 0:  # truncated IS: correct for rollout-engine vs trainer log-prob mismatch
+        rollout_log_prob = mb["rollout_log_probs"].to(dev)
+        is_weights = algo_losses.compute_truncated_is_weights(old_log_prob, rollout_log_prob, mask,
+                                                              cfg.tis_imp_ratio_cap)
+        over = (old_log_prob - rollout_log_prob).exp() > cfg.tis_imp_ratio_cap
+        tis_metrics = {M.ACTOR_TIS_IMP_RATIO_MEAN: aggregate.masked_mean(is_weights, mask).item(),
+                       M.ACTOR_TIS_CLIPFRAC: aggregate.masked_mean(over.float(), mask).item()}
+    common = dict(old_log_prob=old_log_prob, log_prob=log_prob, is_weights=is_weights,
                   advantages=mb["advantages"].to(dev), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode)
     if cfg.policy_loss.loss_mode == "gspo":  # sequence-level ratio; clip bounds default to clip_ratio
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = algo_losses.compute_gspo_policy_loss(
@@ -49,41 +69,40 @@ def ppo_actor_loss(model, mb: DataProto, cfg: ActorConfig, temperature: float):
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
     metrics = {M.ACTOR_PG_LOSS: pg_loss.item(), M.ACTOR_PG_CLIPFRAC: clipfrac.item(),
                M.ACTOR_PPO_KL: ppo_kl.item(), M.ACTOR_PG_CLIPFRAC_LOWER: clipfrac_lower.item(),
-               M.ACTOR_ENTROPY: entropy_mean.item()}
+               M.ACTOR_ENTROPY: entropy_mean.item(), **tis_metrics}
     if cfg.use_kl_loss:
         kl = algo_losses.kl_loss(log_prob, mb["ref_log_prob"].to(dev), mask,
                                  cfg.kl_loss_type, cfg.loss_agg_mode)
         loss = loss + cfg.kl_loss_coef * kl
         metrics[M.ACTOR_KL_LOSS] = kl.item()
-    return loss, metrics
+    return loss, loss_units(mask, cfg.loss_agg_mode), metrics
 
 
-def sft_loss(model, mb: DataProto):
+def sft_loss(output: torch.Tensor, mb: DataProto):
     """Token-mean next-token cross-entropy over loss_mask [B, T] (1 = a token to predict)."""
-    dev = device.device()
-    input_ids, attention_mask = mb["input_ids"].to(dev), mb["attention_mask"].to(dev)
+    dev = output.device
+    input_ids = mb["input_ids"].to(dev)
     loss_mask = mb["loss_mask"].to(dev).float()[:, 1:]
-    logits = forward_logits(model, input_ids, attention_mask)[:, :-1]
+    logits = output[:, :-1]
     log_probs = log_probs_from_logits(logits, input_ids[:, 1:])
     nll = -aggregate.masked_mean(log_probs, loss_mask)
-    correct = (logits.argmax(-1) == input_ids[:, 1:]).float()
-    return nll, {"sft/loss": nll.item(), "sft/token_acc": aggregate.masked_mean(correct, loss_mask).item()}
+    correct = (gather_vocab(logits.detach()).argmax(-1) == input_ids[:, 1:]).float()
+    return nll, loss_units(loss_mask, "token-mean"), {
+        "sft/loss": nll.item(), "sft/token_acc": aggregate.masked_mean(correct, loss_mask).item()}
 
 
-def values_of(model, mb: DataProto) -> torch.Tensor:
-    """Critic values at the positions that predict each response token: [B, R] fp32."""
-    input_ids, attention_mask, responses = _inputs(mb)
-    out = forward_logits(model, input_ids, attention_mask)  # [B, T, 1]
-    return response_slice(out, responses.shape[1]).squeeze(-1).float()
+def values_of(output: torch.Tensor, mb: DataProto) -> torch.Tensor:
+    """Critic output [B, T, 1] -> values at the positions that predict each response token: [B, R] fp32."""
+    return response_slice(output, mb["responses"].shape[1]).squeeze(-1).float()
 
 
-def critic_loss(model, mb: DataProto, cfg: CriticConfig):
+def critic_loss(output: torch.Tensor, mb: DataProto, cfg: CriticConfig):
     dev = device.device()
     mask = mb["response_mask"].to(dev).float()
-    vpreds = values_of(model, mb)
+    vpreds = values_of(output, mb)
     vf_loss, vf_clipfrac = algo_losses.compute_value_loss(
         vpreds=vpreds, returns=mb["returns"].to(dev), values=mb["values"].to(dev),
         response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
-    return vf_loss, {M.CRITIC_VF_LOSS: vf_loss.item(), M.CRITIC_VF_CLIPFRAC: vf_clipfrac.item(),
+    return vf_loss, loss_units(mask, cfg.loss_agg_mode), {M.CRITIC_VF_LOSS: vf_loss.item(), M.CRITIC_VF_CLIPFRAC: vf_clipfrac.item(),
                      M.CRITIC_VPRED_MEAN: aggregate.masked_mean(vpreds, mask).item()}
 

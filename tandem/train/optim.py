@@ -1,4 +1,11 @@
-"""Optimizer, LR warmup, gradient clipping and the optimizer step for one model."""
+"""megatron-core DDP and optimizer for one trained model, with linear LR warmup.
+
+The model is wrapped in megatron's DistributedDataParallel (gradients in fp32 buffers,
+summed over data-parallel ranks because the model config sets calculate_per_token_loss);
+the schedule's finalize_model_grads divides them by the mini-batch's loss units. The
+optimizer is megatron's (Adam, global grad-norm clipping over TP/PP, optional distributed
+optimizer, sharded state dicts that reshard on load).
+"""
 from __future__ import annotations
 
 import torch
@@ -6,35 +13,62 @@ import torch
 from tandem.config import OptimConfig
 
 
-class Optimizer:
-    """AdamW with linear warmup; `step()` clips, steps and returns the pre-clip grad norm."""
+def wrap_ddp(model, use_distributed_optimizer: bool = False):
+    """megatron DDP around a GPTModel whose config already sets calculate_per_token_loss."""
+    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
+                                           finalize_model_grads)
 
-    def __init__(self, params, cfg: OptimConfig):
-        self.params = [p for p in params if p.requires_grad]
+    from tandem.dist import device
+
+    if use_distributed_optimizer and not device.has_cuda():
+        raise ValueError("megatron.use_distributed_optimizer: megatron-core's distributed optimizer "
+                         "needs CUDA (it checks for torch.cuda tensor types); set it to false on CPU")
+    model.config.finalize_model_grads_func = finalize_model_grads
+    ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                               use_distributed_optimizer=use_distributed_optimizer)
+    return DistributedDataParallel(model.config, ddp_config, model)
+
+
+class Optimizer:
+    """megatron Adam over a DDP model; `step()` clips, steps and returns the pre-clip grad norm."""
+
+    def __init__(self, ddp_model, cfg: OptimConfig):
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        self.model = ddp_model
         self.cfg = cfg
-        self.opt = torch.optim.AdamW(self.params, lr=cfg.lr, betas=tuple(cfg.betas),
-                                     weight_decay=cfg.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: min(1.0, (s + 1) / max(1, cfg.lr_warmup_steps)))
+        config = ddp_model.module.config
+        self.opt = get_megatron_optimizer(OptimizerConfig(
+            optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
+            adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.clip_grad,
+            bf16=config.params_dtype == torch.bfloat16, params_dtype=config.params_dtype,
+            use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer), [ddp_model])
+        self.steps = 0
+        self._apply_lr()
 
     @property
     def lr(self) -> float:
-        return self.opt.param_groups[0]["lr"]
+        return self.cfg.lr * min(1.0, (self.steps + 1) / max(1, self.cfg.lr_warmup_steps))
+
+    def _apply_lr(self) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = self.lr
 
     def zero_grad(self) -> None:
-        self.opt.zero_grad(set_to_none=True)
+        self.model.zero_grad_buffer()
+        self.opt.zero_grad()
 
     def step(self) -> float:
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.clip_grad)
-        if torch.isfinite(grad_norm):
-            self.opt.step()
-        self.sched.step()
+        _, grad_norm, _ = self.opt.step()
+        self.steps += 1
+        self._apply_lr()
         self.zero_grad()
-        return float(grad_norm)
+        return float(grad_norm) if grad_norm is not None else 0.0
 
-    def state_dict(self) -> dict:
-        return {"opt": self.opt.state_dict(), "sched": self.sched.state_dict()}
+    def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False) -> dict:
+        return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading)
 
-    def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["opt"])
-        self.sched.load_state_dict(state["sched"])
+    def load_state_dict(self, state: dict, steps: int) -> None:
+        self.opt.load_state_dict(state)
+        self.steps = steps
+        self._apply_lr()

@@ -1,8 +1,9 @@
-"""Optimizer steps over mini-batches, each a gradient accumulation over micro-batches.
+"""Optimizer steps over this rank's shards of mini-batches (one step each).
 
-The loss of a micro-batch is scaled by its share of the mini-batch's rows, so a
-mini-batch gives the same gradient whatever the micro-batch size (for seq-mean modes
-exactly; for token-mean up to how tokens fall across micro-batches, as in verl).
+Every rank of a DP group gets its shard of the same global mini-batches, in order
+(tandem/dist/dispatch.py); gradients are summed over micro-batches and DP ranks and
+divided by the mini-batch's loss units (tandem/train/schedule.py), so the update is the
+same at any TP / DP / micro-batch split.
 """
 from __future__ import annotations
 
@@ -12,23 +13,26 @@ from typing import Callable
 from tandem.data.batch import DataProto
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer
+from tandem.train.schedule import run_schedule
 
 
 def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows: int,
-                loss_fn: Callable, grad_norm_key: str, lr_key: str) -> dict[str, float]:
-    """Run one optimizer step per mini-batch; return metrics averaged over micro-batches."""
-    sums: dict[str, float] = defaultdict(float)
-    counts: dict[str, int] = defaultdict(int)
+                loss_fn: Callable, grad_norm_key: str, lr_key: str) -> dict:
+    """-> {"weighted": {metric: sum over minis of (sum of value x units) / mini units},
+    "steps": {grad_norm_key: mean, lr_key: mean}}. The front door sums "weighted" over DP
+    ranks and divides by the number of mini-batches."""
+    weighted: dict[str, float] = defaultdict(float)
+    grad_norms, lrs = [], []
     model.train()
     for mini in minis:
-        for mb in micro_batches(mini, micro_rows):
-            loss, metrics = loss_fn(model, mb)
-            (loss * (len(mb) / len(mini))).backward()
-            for k, v in metrics.items():
-                sums[k] += v
-                counts[k] += 1
-        sums[lr_key] += optimizer.lr
-        counts[lr_key] += 1
-        sums[grad_norm_key] += optimizer.step()
-        counts[grad_norm_key] += 1
-    return {k: sums[k] / counts[k] for k in sums}
+        total_units = float(mini.meta["loss_units"])  # of the global mini-batch, all DP ranks
+        optimizer.zero_grad()
+        outs = run_schedule(model, micro_batches(mini, micro_rows), loss_fn, forward_only=False)
+        for out in outs:
+            for k, v in out.items():
+                if k != "units":
+                    weighted[k] += v / max(total_units, 1.0)
+        lrs.append(optimizer.lr)
+        grad_norms.append(optimizer.step())
+    return {"weighted": dict(weighted),
+            "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)}}

@@ -120,8 +120,8 @@ def test_tandem_run(case, tmp_path):
     png = run_dir / "curves.png"
     assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ckpt = run_dir / "checkpoints" / f"global_step_{STEPS}"
-    assert (ckpt / "actor.pt").stat().st_size > 0
-    assert (ckpt / "critic.pt").is_file() == ("ppo" in case)
+    assert (ckpt / "actor" / "tandem_complete").is_file()
+    assert (ckpt / "critic" / "tandem_complete").is_file() == ("ppo" in case)
     assert json.loads((ckpt / "controller_state.json").read_text())["global_step"] == STEPS
     for role in roles:
         log = (run_dir / "logs" / f"{role}.log").read_text()

@@ -93,7 +93,7 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
             await services.expect_error(actor.update_actor(batch), INVALID, "UpdateActor", *frags)
             assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0), f"after {what}"
 
-        missing = str(tmp_path / "no_such_dir" / "actor.pt")
+        missing = str(tmp_path / "no_such_dir" / "actor")
         await services.expect_error(actor.load_checkpoint(missing), grpc.StatusCode.NOT_FOUND, "path", "no_such_dir")
         await services.expect_error(actor.call("LoadCheckpoint", common_pb2.LoadCheckpointRequest(path=missing, trunk_only=True)),
                            INVALID, "trunk_only")
@@ -186,7 +186,7 @@ def test_critic_bad_inputs(services):
             assert torch.equal((await critic.compute_values(seq))["values"], good), f"after {what}"
         err = await services.raw_call(services.endpoints["critic"], "/tandem.v1.CriticService/ComputeValues", services.garbage(3))
         assert err.code() == INVALID and "ComputeValuesRequest" in err.details()
-        await services.expect_error(critic.load_checkpoint("/nonexistent/critic.pt"), grpc.StatusCode.NOT_FOUND, "path")
+        await services.expect_error(critic.load_checkpoint("/nonexistent/critic"), grpc.StatusCode.NOT_FOUND, "path")
         assert torch.equal((await critic.compute_values(seq))["values"], good)
         await critic.close()
         await rollout.close()

@@ -31,13 +31,13 @@ def hf_llama_dir(tmp_path_factory):
 
 
 def test_actor_log_probs_equal_transformers(megatron_dist, hf_llama_dir):
-    from services.actor.worker import ActorWorker
+    from services.actor.front import ActorFront
     from tandem.config import load_config
     from tandem.data.batch import DataProto
 
     path, hf_model = hf_llama_dir
     cfg = load_config(None, [f"actor_rollout_ref.model.path={path}"])
-    worker = ActorWorker(cfg, tokenizer_len=15)
+    worker = ActorFront.in_process(cfg, tokenizer_len=15)
     ids = torch.tensor([[1, 4, 5, 13, 6, 14, 7, 8, 2], [1, 9, 13, 3, 14, 12, 11, 2, 2]])
     resp = ids[:, -4:]
     batch = DataProto(tensors={"input_ids": ids, "attention_mask": torch.ones_like(ids),

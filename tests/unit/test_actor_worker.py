@@ -12,7 +12,8 @@ N = 2
 
 
 def make_worker(tokenizer, *extra):
-    from services.actor.worker import ActorWorker
+    """The actor's front door over a one-rank group (the service's own code path)."""
+    from services.actor.front import ActorFront
     from tandem.config import load_config
 
     cfg = load_config(None, [
@@ -27,7 +28,7 @@ def make_worker(tokenizer, *extra):
         "actor_rollout_ref.actor.ppo_epochs=1",
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.shuffle=false",
         "actor_rollout_ref.actor.use_kl_loss=false", "trainer.sft.lr=3e-3", *extra])
-    return ActorWorker(cfg, len(tokenizer))
+    return ActorFront.in_process(cfg, len(tokenizer))
 
 
 @pytest.fixture
@@ -40,7 +41,7 @@ def generate(worker, tokenizer, seed=7) -> DataProto:
 
     rows = [[tokenizer.bos_token_id] + tokenizer(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
-    rollout = RolloutWorker(worker.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
+    rollout = RolloutWorker(worker.local.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
                             vocab_size=worker.vocab_size, max_batch_size=64)
     gen = rollout.generate_sequences(DataProto(tensors={"input_ids": ids, "attention_mask": mask}),
                                      SamplingParams(max_new_tokens=6, temperature=0.9, n=N, seed=seed))
@@ -115,10 +116,10 @@ def test_set_reference_copies_policy(worker, arithmetic_tokenizer):
     assert not torch.equal(policy1, ref0)
     worker.set_reference()
     assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], policy1)
-    ref_state, pol_state = worker.ref.state_dict(), worker.policy.state_dict()
+    ref_state, pol_state = worker.local.ref.state_dict(), worker.local.policy.state_dict()
     for k, v in worker.export_weights().items():
         assert torch.equal(ref_state[k], pol_state[k]), k
-    assert not any(p.requires_grad for p in worker.ref.parameters())
+    assert not any(p.requires_grad for p in worker.local.ref.parameters())
     # a copy, not an alias: training the policy again leaves the reference where it was
     worker.update_actor(training_batch(worker, seq, seed=1))
     assert torch.equal(worker.compute_ref_log_prob(seq)["ref_log_prob"], policy1)
@@ -129,8 +130,8 @@ def test_save_load_round_trip(worker, arithmetic_tokenizer, tmp_path):
     worker.update_actor(training_batch(worker, seq))
     saved_lp = worker.compute_log_prob(seq)["old_log_probs"]
     saved_ref = worker.compute_ref_log_prob(seq)["ref_log_prob"]
-    path = worker.save(str(tmp_path / "ckpt" / "actor.pt"))
-    assert path.endswith("actor.pt") and (tmp_path / "ckpt" / "actor.pt").is_file()
+    path = worker.save(str(tmp_path / "ckpt" / "actor"))
+    assert path.endswith("actor") and (tmp_path / "ckpt" / "actor" / "tandem_complete").is_file()
     # move the policy away, then restore
     worker.update_actor(training_batch(worker, seq, seed=1))
     worker.set_reference()

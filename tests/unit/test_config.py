@@ -94,3 +94,72 @@ def test_cli_unknown_key_exits_2_and_names_it():
     r = _tandem("data.train_batch_size=12", "actor_rollout_ref.actor.ppo_mini_batch_size=5")
     assert r.returncode == 2 and "actor_rollout_ref.actor.ppo_mini_batch_size" in r.stderr, r.stderr
     assert "run directory" not in r.stdout  # it failed before creating a run or starting services
+
+
+# ---- issue 4: remax, TIS, DAPO, validation sampling ---------------------------------
+
+
+def test_issue4_keys_load_with_verl_names():
+    cfg = load_config(None, [
+        "algorithm.adv_estimator=remax", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
+        "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
+        "algorithm.filter_groups.max_num_gen_batches=5", "data.gen_batch_size=256",
+        "reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=2",
+        "reward_model.overlong_buffer.penalty_factor=0.5", "actor_rollout_ref.rollout.val_kwargs.n=4",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=0.7",
+        "actor_rollout_ref.rollout.val_kwargs.top_p=0.9", "actor_rollout_ref.rollout.val_kwargs.top_k=5"])
+    assert cfg.algorithm.adv_estimator == "remax" and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap == 2.0
+    assert cfg.algorithm.filter_groups.max_num_gen_batches == 5 and cfg.data.gen_batch_size == 256
+    assert cfg.reward_model.overlong_buffer.len == 2 and cfg.actor_rollout_ref.rollout.val_kwargs.n == 4
+    assert load_config("deploy/configs/arithmetic_dapo.yaml").algorithm.filter_groups.enable
+
+
+@pytest.mark.parametrize("overrides,key,text", [
+    (["algorithm.filter_groups.metric=reward"], "algorithm.filter_groups.metric", "known: ['acc'"),
+    (["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=gae"],
+     "algorithm.filter_groups.enable", "rollout.n >= 2"),
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=6"],
+     "reward_model.overlong_buffer.len", "data.max_response_length=6"),
+    (["actor_rollout_ref.rollout.val_kwargs.n=4"], "actor_rollout_ref.rollout.val_kwargs.n", "do_sample"),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "actor_rollout_ref.rollout.val_kwargs.temperature",
+     "> 0"),
+    (["actor_rollout_ref.actor.tis_imp_ratio_cap=0.5"], "actor_rollout_ref.actor.tis_imp_ratio_cap", ">= 1"),
+    (["data.gen_batch_size=0"], "data.gen_batch_size", ">= 1"),
+    (["algorithm.adv_estimator=remix"], "algorithm.adv_estimator", "'remax'"),
+])
+def test_issue4_bad_values_name_the_key(overrides, key, text):
+    msg = error_of(*overrides)
+    assert msg.startswith(key) and text in msg, msg
+
+
+def test_issue4_typos_name_nearest_keys():
+    msg = error_of("algorithm.filter_groups.enabled=true")
+    assert "algorithm.filter_groups.enable" in msg and "did you mean" in msg
+    msg = error_of("actor_rollout_ref.rollout.val_kwargs.do_sampling=true")
+    assert "actor_rollout_ref.rollout.val_kwargs.do_sample" in msg
+    msg = error_of("actor_rollout_ref.actor.tis_imp_ratio=2")
+    assert "actor_rollout_ref.actor.tis_imp_ratio_cap" in msg
+
+
+def test_parallel_layout_errors_name_the_numbers():
+    from tandem.config import ConfigError, load_config
+
+    cases = [
+        (["services.actor.world_size=3", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+         ["services.actor.world_size", "3", "2 x 1"]),
+        (["services.actor.world_size=3", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=3"],
+         ["tensor_model_parallel_size", "num_attention_heads=4", "num_key_value_heads=2"]),
+        (["critic.megatron.tensor_model_parallel_size=0"], ["critic.megatron.tensor_model_parallel_size", ">= 1"]),
+        (["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "services.actor.world_size=2"],
+         ["pipeline_model_parallel_size", "generation at PP > 1"]),
+        (["actor_rollout_ref.rollout.mode=standalone", "services.actor.world_size=2",
+          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], ["actor_rollout_ref.rollout.mode", "unsharded"]),
+        (["actor_rollout_ref.actor.megatron.dtype=float8"], ["actor_rollout_ref.actor.megatron.dtype", "float8"]),
+        (["trainer.resume_mode=sometimes"], ["trainer.resume_mode", "auto"]),
+        (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),
+    ]
+    for overrides, fragments in cases:
+        with pytest.raises(ConfigError) as e:
+            load_config(None, overrides)
+        for frag in fragments:
+            assert frag in str(e.value), (overrides, str(e.value))

@@ -114,8 +114,7 @@ def test_rollout_log_probs_equal_actor_recomputed(actor, arithmetic_tokenizer):
     assert torch.equal(gen["prompts"][0], gen["prompts"][2]) and not torch.equal(gen["prompts"][0], gen["prompts"][3])
 
     seq = gen.select(tensor_keys=["input_ids", "attention_mask", "responses", "response_mask"])
-    seq.meta = {"temperature": gen.meta["temperature"], "rollout_n": 3}
-    old = actor.compute_log_prob(seq)["old_log_probs"]
+    old = actor_log_probs(actor, seq, gen.meta["temperature"])
     mask = gen["response_mask"].bool()
     assert old.shape == mask.shape and old.dtype == torch.float32
     diff = (old - gen["rollout_log_probs"])[mask].abs().max().item()
@@ -125,8 +124,15 @@ def test_rollout_log_probs_equal_actor_recomputed(actor, arithmetic_tokenizer):
     assert chosen.std() > 0.05 and (chosen < -0.05).any()
     assert len({tuple(r) for r in gen["responses"].tolist()}) > 3
     # the same batch at another temperature gives other log-probs: the meta is honoured
-    seq.meta["temperature"] = 1.0
-    assert (actor.compute_log_prob(seq)["old_log_probs"] - old)[mask].abs().max() > 1e-3
+    assert (actor_log_probs(actor, seq, 1.0) - old)[mask].abs().max() > 1e-3
+
+
+def actor_log_probs(actor, seq, temperature):
+    """The actor's recomputed log-probs of the responses (either ActorWorker API)."""
+    if hasattr(actor, "compute_log_prob"):
+        seq.meta = {"temperature": temperature, "rollout_n": 3}
+        return actor.compute_log_prob(seq)["old_log_probs"]
+    return actor.log_probs([seq], "policy", temperature, False, 5)[0]["log_probs"]
 
 
 # ---- sampling ---------------------------------------------------------------------------

@@ -5,7 +5,6 @@ TP=1 in-process (session fixture's 1-rank group); TP=2 in two worker processes o
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -112,25 +111,11 @@ def test_round_trip_bit_exact_tp1(megatron_dist, hf_dirs, family, tmp_path):
     assert shape_from_hf_config(AutoConfig.from_pretrained(out)) == shape
 
 
-def test_logits_and_round_trip_tp2(hf_dirs, tmp_path):
-    init_file = tmp_path / "init"
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               OMP_NUM_THREADS="1")
+def test_logits_and_round_trip_tp2(hf_dirs, tmp_path, run_ranks):
     cmd = [sys.executable, str(ROOT / "tests/unit/hf_tp2_worker.py")]
-    args = [str(init_file), str(tmp_path / "out"), str(hf_dirs["llama"]), str(hf_dirs["qwen2"])]
-    procs = [subprocess.Popen(cmd + [str(r)] + args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=120)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    tails = "\n".join(f"--- rank {r} (rc={p.returncode}) ---\n{o[-3000:]}" for r, (p, o) in enumerate(zip(procs, outs)))
-    assert all(p.returncode == 0 for p in procs), tails
-    assert outs[0].count("bit-exact") == 2, tails
+    args = [str(tmp_path / "init"), str(tmp_path / "out"), str(hf_dirs["llama"]), str(hf_dirs["qwen2"])]
+    outs = run_ranks([cmd + [str(r)] + args for r in range(2)], timeout=120)
+    assert outs[0].count("bit-exact") == 2, outs[0][-3000:]
 
 
 def _copy_with(src, dst, drop=None, add=None):

@@ -1,0 +1,101 @@
+"""The control plane of a multi-rank service: rank 0 (the front door) runs methods on all ranks.
+
+Rank 0 broadcasts (target, method), scatters each rank its arguments (by its DP rank),
+every rank runs the method, and rank 0 gathers the results of the output ranks (TP rank 0
+of the last pipeline stage), one per DP rank. All of this goes over a gloo group: commands
+and batches are pickled CPU objects, small next to the model work they start. Ranks > 0
+sit in `follow()` until rank 0 sends stop. One rank is a group of one with the same code.
+"""
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from tandem.logging import get_logger
+
+log = get_logger("tandem.rank_group")
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    dp: int
+    tp: int
+    pp: int
+    is_output: bool  # TP rank 0 of the last pipeline stage
+
+
+class RankGroup:
+    def __init__(self, targets: dict[str, Any]):
+        from megatron.core import parallel_state as ps
+
+        self.targets = targets
+        self.group = dist.new_group(backend="gloo")
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.dp_size = ps.get_data_parallel_world_size()
+        me = RankInfo(self.rank, ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_rank(),
+                      ps.get_pipeline_model_parallel_rank(),
+                      ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage())
+        infos: list = [None] * self.world
+        dist.all_gather_object(infos, me, group=self.group)
+        self.infos: list[RankInfo] = infos
+        self.me = me
+        self.output_ranks = sorted((i for i in infos if i.is_output), key=lambda i: i.dp)
+
+    @property
+    def is_front(self) -> bool:
+        return self.rank == 0
+
+    def run(self, target: str, method: str, per_dp_args: list[tuple | None]) -> list:
+        """Rank 0: run target.method(*args) on every rank, each with the args of its DP rank
+        (None = nothing to do there); -> the output ranks' results in DP order."""
+        if len(per_dp_args) != self.dp_size:
+            raise ValueError(f"{len(per_dp_args)} argument sets for {self.dp_size} DP ranks")
+        dist.broadcast_object_list([(target, method)], src=0, group=self.group)
+        mine: list = [None]
+        dist.scatter_object_list(mine, [per_dp_args[i.dp] for i in self.infos], src=0, group=self.group)
+        outcome = self._execute(target, method, mine[0])
+        gathered: list = [None] * self.world
+        dist.gather_object(outcome, gathered, dst=0, group=self.group)
+        for rank, (_, error) in enumerate(gathered):
+            if error is not None:
+                kind, message = error
+                raise (ValueError if kind == "ValueError" else RuntimeError)(
+                    message if kind == "ValueError" else f"rank {rank}: {kind}: {message}")
+        return [gathered[i.rank][0] for i in self.output_ranks]
+
+    def run_all(self, target: str, method: str, *args) -> list:
+        """The same arguments on every DP rank."""
+        return self.run(target, method, [args] * self.dp_size)
+
+    def follow(self) -> None:
+        """Ranks > 0: run what rank 0 sends until it sends stop."""
+        while True:
+            cmd: list = [None]
+            dist.broadcast_object_list(cmd, src=0, group=self.group)
+            if cmd[0] is None:
+                return
+            mine: list = [None]
+            dist.scatter_object_list(mine, None, src=0, group=self.group)
+            outcome = self._execute(*cmd[0], mine[0])
+            dist.gather_object(outcome, None, dst=0, group=self.group)
+
+    def stop(self) -> None:
+        if self.world > 1:
+            dist.broadcast_object_list([None], src=0, group=self.group)
+
+    def _execute(self, target: str, method: str, args: tuple | None):
+        if args is None:
+            return None, None
+        try:
+            result = getattr(self.targets[target], method)(*args)
+            return (result if self.me.is_output else None), None
+        except Exception as e:  # reported to rank 0, which raises it for the RPC
+            if self.world > 1:
+                log.error("rank_call_failed", target=target, method=method, error=traceback.format_exc())
+            if not self.is_front or self.world > 1:
+                return None, (type(e).__name__, str(e))
+            raise

@@ -1,0 +1,270 @@
+"""ModelRunner: executes the scheduler's plans on a megatron-core GPTModel.
+
+The model's own modules do the math (embedding, each layer's input_layernorm,
+linear_qkv via `get_query_key_value_tensors`, megatron's RoPE, linear_proj,
+pre_mlp_layernorm, mlp, the final layernorm and output_layer, with their TP
+communication); only attention and the KV cache are the runner's: a preallocated
+`KVCache`, device-tensor positions and a length mask, so one decode step has static
+shapes and is captured in a CUDA graph (`graphs.py`) per (slots, kv_len, sampling).
+
+Per-slot state lives in persistent device buffers: the last token, its cache position,
+the output row, the response position and an alive flag. A decode window of k steps
+records each step's token / log-prob / row / position in window buffers; after the
+window they are scattered into the request's outputs by row, and the alive flags are
+read back once (the only host sync of the window).
+
+Not here: planning (scheduler.py), padding/result assembly (engine.py), pipeline
+parallelism, CUDA graphs with TP > 1 (TP > 1 runs the same step eagerly).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from tandem.generation.graphs import DecodeGraphs
+from tandem.generation.kv_cache import KVCache
+from tandem.generation.sampling import SamplingParams, sample_rows
+from tandem.generation.scheduler import Plan
+
+
+@dataclass
+class Request:
+    """One generate() call as the runner sees it."""
+    prompts: list[list[int]]
+    params: SamplingParams
+    stop_ids: list[int]
+    seed: int
+
+
+class ModelRunner:
+    def __init__(self, model, *, device: torch.device, use_graphs: bool, window: int,
+                 prefill_tokens: int = 32768, decode_attention: str = "sdpa"):
+        from megatron.core import parallel_state
+
+        if not (model.pre_process and model.post_process):
+            raise ValueError("ModelRunner needs the whole model on one stage (pipeline size 1)")
+        self.model = model
+        self.device = device
+        self.window = window
+        self.prefill_tokens = prefill_tokens
+        if decode_attention not in ("sdpa", "matmul"):
+            raise ValueError(f"decode_attention must be 'sdpa' or 'matmul', got {decode_attention!r}")
+        self.decode_attention = decode_attention
+        self.layers = list(model.decoder.layers)
+        att = self.layers[0].self_attention
+        self.heads = att.num_attention_heads_per_partition
+        self.groups = att.num_query_groups_per_partition
+        self.head_dim = att.hidden_size_per_attention_head
+        core = att.core_attention
+        self.scale = getattr(core, "softmax_scale", None) or 1.0 / math.sqrt(self.head_dim)
+        self.dtype = att.linear_qkv.weight.dtype
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        self.graphs = DecodeGraphs() if use_graphs and tp == 1 else None
+        self.cache: KVCache | None = None
+        self._weights_sig = None
+
+    # ---- buffers ---------------------------------------------------------------------
+
+    def begin(self, request: Request, num_slots: int, max_len: int) -> None:
+        """Size the cache and state buffers for a request and clear its outputs."""
+        dev = self.device
+        if self.cache is None or not self.cache.fits(num_slots, max_len, self.dtype):
+            self.cache = None
+            if self.graphs is not None:
+                self.graphs.clear()
+            self.cache = KVCache.allocate(len(self.layers), num_slots, self.groups, max_len,
+                                          self.head_dim, self.dtype, dev)
+            s, w = num_slots, self.window
+            self.freqs = self.model.rotary_pos_emb(max_len)  # [max_len, 1, 1, rot_dim] fp32
+            self.key_pos = torch.arange(max_len, device=dev)
+            self.tok = torch.zeros(s, dtype=torch.long, device=dev)
+            self.pos = torch.zeros(s, dtype=torch.long, device=dev)
+            self.rope_off = torch.zeros(s, dtype=torch.long, device=dev)
+            self.row = torch.full((s,), -1, dtype=torch.long, device=dev)
+            self.step = torch.zeros(s, dtype=torch.long, device=dev)
+            self.alive = torch.zeros(s, dtype=torch.bool, device=dev)
+            self.seed = torch.zeros((), dtype=torch.long, device=dev)
+            self.win_j = torch.zeros(1, dtype=torch.long, device=dev)
+            self.win_tok = torch.zeros((w, s), dtype=torch.long, device=dev)
+            self.win_logp = torch.zeros((w, s), dtype=torch.float32, device=dev)
+            self.win_row = torch.full((w, s), -1, dtype=torch.long, device=dev)
+            self.win_step = torch.zeros((w, s), dtype=torch.long, device=dev)
+            self._stops: dict[tuple, torch.Tensor] = {}
+        sig = tuple(p.data_ptr() for p in self.model.parameters())
+        if self.graphs is not None and sig != self._weights_sig:
+            self.graphs.clear()  # a parameter was replaced: the graphs point at old memory
+        self._weights_sig = sig
+        self.alive.zero_()
+        self.row.fill_(-1)
+        self.seed.fill_(request.seed & 0xFFFFFFFF)
+        self.request = request
+        # RoPE position = cache position + the row's left padding in the returned batch, so
+        # rollout positions are the actor's (RoPE is relative: the same math, but the same
+        # numbers too, which keeps rollout and actor log-probs within fp32 noise).
+        self.prompt_width = max(len(p) for p in request.prompts)
+        rows, r = len(request.prompts) * request.params.n, request.params.max_new_tokens
+        # one extra row absorbs the writes of dead slots
+        self.out_tok = torch.zeros((rows + 1, r), dtype=torch.long, device=dev)
+        self.out_logp = torch.zeros((rows + 1, r), dtype=torch.float32, device=dev)
+        self.out_mask = torch.zeros((rows + 1, r), dtype=torch.bool, device=dev)
+        key = tuple(request.stop_ids)
+        if key not in self._stops:
+            self._stops[key] = torch.tensor(request.stop_ids or [-1], dtype=torch.long, device=dev)
+        self.stop_t = self._stops[key]
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(tokens, log-probs, mask) [rows, R] on the device; the request's rows only."""
+        return self.out_tok[:-1], self.out_logp[:-1], self.out_mask[:-1]
+
+    # ---- execution ---------------------------------------------------------------------
+
+    @torch.no_grad()
+    def execute(self, plan: Plan) -> list[bool]:
+        """Prefill the admitted prompts, run plan.decode_steps decode steps; return the
+        alive flag of every slot (one host sync)."""
+        admit = list(plan.admit)
+        while admit:
+            chunk, tokens = [], 0
+            while admit and (not chunk or tokens + len(self.request.prompts[admit[0].prompt])
+                             <= self.prefill_tokens):
+                tokens += len(self.request.prompts[admit[0].prompt])
+                chunk.append(admit.pop(0))
+            self._prefill(chunk)
+        if plan.decode_steps:
+            self._decode_window(plan)
+        return self.alive.tolist()
+
+    def _prefill(self, admissions) -> None:
+        req, dev = self.request, self.device
+        prompts = [req.prompts[a.prompt] for a in admissions]
+        lens = torch.tensor([len(p) for p in prompts], device=dev)
+        width = max(len(p) for p in prompts)
+        ids = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):  # right padding: real tokens never see the pads (causal)
+            ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
+        n = req.params.n
+        slots = torch.tensor([s for a in admissions for s in a.slots], device=dev)
+        rows = torch.tensor([a.prompt * n + j for a in admissions for j in range(n)], device=dev)
+        of_slot = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # prompt of each slot
+        off = self.prompt_width - lens  # [P]
+        rope_pos = (off[:, None] + torch.arange(width, device=dev)[None]).clamp(max=self.cache.max_len - 1)
+        freqs = self.freqs[rope_pos.t()].squeeze(2)  # [L, P, 1, rot_dim]
+
+        def attend(layer_idx, q, k, v):  # [L, P, heads, d], [L, P, groups, d] x 2
+            k, v = (t.permute(1, 2, 0, 3) for t in (k, v))  # [P, groups, L, d]
+            self.cache.write_prefill(layer_idx, slots, k[of_slot], v[of_slot])
+            out = F.scaled_dot_product_attention(
+                q.permute(1, 2, 0, 3), k, v, is_causal=True, scale=self.scale,
+                enable_gqa=self.heads != self.groups)  # [P, heads, L, d]
+            return out.permute(2, 0, 1, 3).reshape(width, len(prompts), -1)
+
+        h = self._trunk(ids.to(dev), freqs, attend)  # [L, P, H]
+        last = h[lens - 1, torch.arange(len(prompts), device=dev)]  # [P, H]
+        logits = self._logits(last[None])[of_slot]  # [P * n, V]
+        tok, logp = sample_rows(logits, req.params, self.seed, rows, torch.zeros_like(rows))
+        r = req.params.max_new_tokens
+        zero = torch.zeros_like(rows)
+        self.out_tok.index_put_((rows, zero), tok)
+        self.out_logp.index_put_((rows, zero), logp)
+        self.out_mask.index_put_((rows, zero), torch.ones_like(tok, dtype=torch.bool))
+        alive = ~(tok[:, None] == self.stop_t[None]).any(-1) & (r > 1)
+        self.tok.index_copy_(0, slots, tok)
+        self.pos.index_copy_(0, slots, lens[of_slot])
+        self.rope_off.index_copy_(0, slots, off[of_slot])
+        self.row.index_copy_(0, slots, rows)
+        self.step.index_copy_(0, slots, torch.ones_like(rows))
+        self.alive.index_copy_(0, slots, alive)
+
+    def _decode_window(self, plan: Plan) -> None:
+        b, kv_len, steps = plan.batch, plan.kv_len, plan.decode_steps
+        self.win_j.zero_()
+        self.win_row.fill_(-1)
+        step_fn = lambda: self._decode_step(b, kv_len)  # noqa: E731
+        if self.graphs is None:
+            for _ in range(steps):
+                step_fn()
+        else:
+            p = self.request.params
+            key = (b, kv_len, p.greedy, p.temperature, p.top_k, p.top_p, p.max_new_tokens,
+                   tuple(self.request.stop_ids))
+            state = [self.tok, self.pos, self.step, self.alive, self.win_j]
+            for _ in range(steps):
+                self.graphs.replay(key, step_fn, state)
+        # scatter the window into the outputs; dead entries go to the spare last row
+        rows = self.win_row[:steps, :b].reshape(-1)
+        rows = torch.where(rows < 0, self.out_tok.shape[0] - 1, rows)
+        cols = self.win_step[:steps, :b].reshape(-1).clamp(max=self.out_tok.shape[1] - 1)
+        self.out_tok.index_put_((rows, cols), self.win_tok[:steps, :b].reshape(-1))
+        self.out_logp.index_put_((rows, cols), self.win_logp[:steps, :b].reshape(-1))
+        self.out_mask.index_put_((rows, cols), torch.ones_like(rows, dtype=torch.bool))
+        self.out_mask[-1] = False
+
+    def _decode_step(self, b: int, kv_len: int) -> None:
+        """One token for slots 0..b-1 against cache positions < kv_len. Static shapes,
+        device tensors only: safe to capture."""
+        tok, pos, alive, row, step = (t[:b] for t in (self.tok, self.pos, self.alive, self.row, self.step))
+        rope_pos = (pos + self.rope_off[:b]).clamp(max=self.cache.max_len - 1)
+        freqs = self.freqs[rope_pos].transpose(0, 1)  # [1, b, 1, rot_dim]
+        allowed = (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
+        qpg = self.heads // self.groups
+
+        def attend(layer_idx, q, k, v):  # [1, b, heads, d], [1, b, groups, d] x 2
+            self.cache.write_decode(layer_idx, b, pos, k[0], v[0])
+            keys = self.cache.k[layer_idx, :b, :, :kv_len]  # [b, groups, kv_len, d]
+            values = self.cache.v[layer_idx, :b, :, :kv_len]
+            # a group's query heads become the query "sequence" of that KV head
+            qg = q[0].view(b, self.groups, qpg, self.head_dim)
+            if self.decode_attention == "sdpa":
+                out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=allowed, scale=self.scale)
+            else:  # two batched GEMVs: [b, g, qpg, d] x [b, g, d, kv_len] -> ... -> [b, g, qpg, d]
+                scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scale
+                scores = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+                out = torch.matmul(scores.to(values.dtype), values)
+            return out.reshape(1, b, self.heads * self.head_dim)
+
+        h = self._trunk(tok[:, None], freqs, attend)  # [1, b, H]
+        logits = self._logits(h)  # [b, V]
+        p = self.request.params
+        new_tok, logp = sample_rows(logits, p, self.seed, row.clamp(min=0), step)
+        j = self.win_j
+        self.win_tok[:, :b].index_copy_(0, j, new_tok[None])
+        self.win_logp[:, :b].index_copy_(0, j, logp[None])
+        self.win_row[:, :b].index_copy_(0, j, torch.where(alive, row, -1)[None])
+        self.win_step[:, :b].index_copy_(0, j, step[None])
+        stopped = (new_tok[:, None] == self.stop_t[None]).any(-1)
+        self.alive[:b] = alive & ~stopped & (step + 1 < p.max_new_tokens)
+        self.step[:b] += alive.long()
+        self.tok[:b] = new_tok
+        self.pos[:b] = (pos + 1).clamp(max=self.cache.max_len - 1)
+        self.win_j += 1
+
+    # ---- the model's modules -------------------------------------------------------------
+
+    def _trunk(self, ids: torch.Tensor, freqs: torch.Tensor, attend) -> torch.Tensor:
+        """ids [b, s] -> final hidden states [s, b, H], before the final layernorm."""
+        from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+
+        h = self.model.embedding(input_ids=ids, position_ids=None)  # [s, b, H]
+        for i, layer in enumerate(self.layers):
+            att = layer.self_attention
+            cp = att.pg_collection.cp
+            q, k, v = att.get_query_key_value_tensors(layer.input_layernorm(h), None)
+            q = apply_rotary_pos_emb(q, freqs, config=att.config, cp_group=cp)
+            k = apply_rotary_pos_emb(k, freqs, config=att.config, cp_group=cp)
+            out, bias = att.linear_proj(attend(i, q, k, v))
+            h = h + (out if bias is None else out + bias)
+            out, bias = layer.mlp(layer.pre_mlp_layernorm(h))
+            h = h + (out if bias is None else out + bias)
+        return h
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[s, b, H] -> full-vocab logits of the last position [b, V] (gathered over TP)."""
+        m = self.model
+        if m.decoder.final_layernorm is not None:
+            h = m.decoder.final_layernorm(h)
+        weight = m.shared_embedding_or_output_weight() if m.share_embeddings_and_output_weights else None
+        logits, _ = m.output_layer(h[-1:], weight=weight, runtime_gather_output=True)
+        return logits[0]

@@ -1,0 +1,34 @@
+"""Fixtures shared by every test directory."""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run_ranks(cmds: list[list[str]], timeout: float) -> list[str]:
+    """Start one process per command (the ranks of a gloo group), wait for all, and fail
+    with every rank's output tail if any exits non-zero. -> each rank's output."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True) for cmd in cmds]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    tails = "\n".join(f"--- rank {r} (rc={p.returncode}) ---\n{o[-3000:]}"
+                      for r, (p, o) in enumerate(zip(procs, outs)))
+    assert all(p.returncode == 0 for p in procs), tails
+    return outs
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    return _run_ranks

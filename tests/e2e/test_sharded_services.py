@@ -1,0 +1,56 @@
+"""`tandem run` with services of several ranks (gloo on CPU): the actor at TP=2 serving the
+colocated rollout, and a PPO run whose actor, critic and standalone rollout each run DP=2.
+Every rank is its own OS process; rank 0 of each serves gRPC."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+from test_tandem_run import TINY, run_tandem
+
+
+def finished(tmp_path, name, extra) -> tuple[dict, dict]:
+    rc, out, err, pids = run_tandem([*TINY, f"trainer.default_local_dir={tmp_path}",
+                                     f"trainer.experiment_name={name}", "trainer.logger=[jsonl]", *extra],
+                                    timeout_s=400)
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-3000:]}"
+    deadline = time.monotonic() + 30  # every rank of every service is gone after the run
+    while any(psutil.pid_exists(p) for ps in pids.values() for p in ps) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for ps in pids.values() for p in ps if psutil.pid_exists(p)]
+    (run_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith(name)]
+    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return pids, {m["step"]: m for m in lines if "actor/pg_loss" in m}, run_dir
+
+
+def test_actor_tp2_colocated(tmp_path):
+    pids, steps, run_dir = finished(tmp_path, "tp2", [
+        "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.entropy_coeff=0.01"])  # a gradient even when every reward is equal
+    assert len(pids["actor"]) == 2  # rank 0 (front door) and rank 1
+    assert sorted(steps) == [1, 2] and all(m["actor/grad_norm"] > 0 for m in steps.values())
+    # the final checkpoint (saved at TP=2) exports on one rank as a Hugging Face model
+    out = tmp_path / "hf"
+    done = subprocess.run([sys.executable, "-m", "services.actor.export",
+                           str(run_dir / "checkpoints" / "global_step_2"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
+    assert model(ids).logits.shape[-1] >= len(tokenizer)
+    bad = subprocess.run([sys.executable, "-m", "services.actor.export", str(tmp_path), str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "checkpoint" in bad.stderr
+
+
+def test_ppo_dp2_everywhere(tmp_path):
+    pids, steps, _ = finished(tmp_path, "dp2", [
+        "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone",
+        "services.actor.world_size=2", "services.critic.world_size=2", "services.rollout.world_size=2"])
+    assert {r: len(p) for r, p in pids.items()} == {"actor": 2, "critic": 2, "rollout": 2, "reward": 1}
+    assert sorted(steps) == [1, 2] and all(m["critic/vf_loss"] >= 0 for m in steps.values())

@@ -1,0 +1,87 @@
+"""One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
+
+usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [LOAD_FROM]
+
+All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
+drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
+log-probs after, the new weights as a Hugging Face export, and a checkpoint. With
+LOAD_FROM it loads that checkpoint (saved at any layout) and only writes log-probs.
+Rank 0 writes OUT/result.pt. A failure raises (non-zero exit).
+"""
+import os
+import sys
+
+import torch
+
+
+def fixed_batch(vocab: int, pad_id: int):
+    from tandem.data.batch import DataProto
+
+    g = torch.Generator().manual_seed(0)
+    b, lp, r = 8, 6, 5
+    prompt_len = torch.tensor([6, 3, 4, 6, 2, 5, 6, 1])
+    resp_len = torch.tensor([5, 2, 4, 1, 5, 3, 5, 4])
+    ids = torch.randint(4, vocab, (b, lp + r), generator=g)
+    mask = torch.zeros(b, lp + r, dtype=torch.long)
+    for i in range(b):
+        mask[i, lp - prompt_len[i]: lp + resp_len[i]] = 1
+    ids = torch.where(mask.bool(), ids, pad_id)
+    response_mask = mask[:, lp:].clone()
+    batch = DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, lp:].clone(),
+                               "response_mask": response_mask},
+                      meta={"temperature": 1.0, "rollout_n": 2})
+    advantages = torch.randn(b, r, generator=g) * response_mask
+    return batch, advantages
+
+
+def main() -> int:
+    rank, world, tp, rdzv, out, tok = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
+                                        sys.argv[4], sys.argv[5], sys.argv[6])
+    load_from = sys.argv[7] if len(sys.argv) > 7 else None
+    from services.actor.front import ActorFront
+    from services.actor.worker import ActorWorker
+    from tandem.config import load_config
+    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.dist.rank_group import RankGroup
+
+    cfg = load_config(None, [
+        f"actor_rollout_ref.model.tokenizer_path={tok}", "actor_rollout_ref.model.init_std=0.1",
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}", f"services.actor.world_size={world}",
+        "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+        "actor_rollout_ref.actor.entropy_coeff=0.01", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()])
+    init_distributed(ParallelConfig(tp=tp), rank, world, f"file://{rdzv}", seed=1)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tok)
+    worker = ActorWorker(cfg, len(tokenizer))
+    group = RankGroup({"actor": worker})
+    if not group.is_front:
+        group.follow()
+        return 0
+    actor = ActorFront(group, worker)
+    batch, advantages = fixed_batch(len(tokenizer), tokenizer.pad_token_id)
+    result = {}
+    try:
+        if load_from:
+            actor.load(load_from)
+            result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+        else:
+            old = actor.compute_log_prob(batch, calculate_entropy=True)
+            train = batch.union(old)
+            train.tensors["advantages"] = advantages
+            result["before"] = old["old_log_probs"]
+            result["metrics"] = actor.update_actor(train)
+            result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+            actor.export_hf(os.path.join(out, "hf"))
+            actor.save(os.path.join(out, "ckpt"))
+    finally:
+        group.stop()
+    torch.save(result, os.path.join(out, "result.pt"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
