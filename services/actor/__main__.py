@@ -42,7 +42,7 @@ def main(argv=None) -> None:
     thread = WorkerThread("actor")
     servicers = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
     if colocated:
-        servicers.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size), thread,
+        servicers.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id), thread,
                                                            allow_load_weights=False)))
     try:
         run_server(serve(servicers, role="actor", host=args.host, port=args.port, port_file=args.port_file))

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
         return
     thread = WorkerThread("rollout")
     try:
-        run_server(serve([(SERVICE, RolloutServicer(RolloutFront(group, model.vocab_size), thread))],
+        run_server(serve([(SERVICE, RolloutServicer(RolloutFront(group, model.vocab_size, tokenizer.pad_token_id), thread))],
                          role="rollout", host=args.host, port=args.port, port_file=args.port_file))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first

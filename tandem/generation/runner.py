@@ -164,7 +164,8 @@ class ModelRunner:
         h = self._trunk(ids.to(dev), freqs, attend)  # [L, P, H]
         last = h[lens - 1, torch.arange(len(prompts), device=dev)]  # [P, H]
         logits = self._logits(last[None])[of_slot]  # [P * n, V]
-        tok, logp = sample_rows(logits, req.params, self.seed, rows, torch.zeros_like(rows))
+        tok, logp = sample_rows(logits, req.params, self.seed, rows + req.params.row_offset,
+                                torch.zeros_like(rows))
         r = req.params.max_new_tokens
         zero = torch.zeros_like(rows)
         self.out_tok.index_put_((rows, zero), tok)
@@ -228,7 +229,7 @@ class ModelRunner:
         h = self._trunk(tok[:, None], freqs, attend)  # [1, b, H]
         logits = self._logits(h)  # [b, V]
         p = self.request.params
-        new_tok, logp = sample_rows(logits, p, self.seed, row.clamp(min=0), step)
+        new_tok, logp = sample_rows(logits, p, self.seed, row.clamp(min=0) + p.row_offset, step)
         j = self.win_j
         self.win_tok[:, :b].index_copy_(0, j, new_tok[None])
         self.win_logp[:, :b].index_copy_(0, j, logp[None])

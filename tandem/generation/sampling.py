@@ -28,6 +28,9 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     greedy: bool = False
+    # index of this call's first output row in the whole request (a DP shard's offset): rows
+    # are sampled by (seed, row, position), so any DP split gives the same tokens
+    row_offset: int = 0
 
     def validate(self, vocab_size: int) -> None:
         """Raise ValueError naming the bad field."""

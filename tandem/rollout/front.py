@@ -1,12 +1,16 @@
 """RolloutWorker's API over a rank group (rank 0 = front door).
 
 Prompts are split over the DP ranks in contiguous shards (TP ranks of one DP group
-generate together); the shards' outputs concatenate back in order. Used by the standalone
+generate together); the shards' outputs concatenate back in order. Every shard samples
+with the request's seed and its rows' global numbers, so the tokens do not depend on the
+DP size. Used by the standalone
 rollout service and by the actor's colocated rollout.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+
+import torch
 
 from tandem.data.batch import DataProto
 from tandem.dist.dispatch import layout
@@ -15,20 +19,36 @@ from tandem.generation.sampling import SamplingParams
 
 
 class RolloutFront:
-    def __init__(self, group: RankGroup, vocab_size: int, target: str = "rollout"):
+    def __init__(self, group: RankGroup, vocab_size: int, pad_id: int, target: str = "rollout"):
         self.group = group
         self.vocab_size = vocab_size
+        self.pad_id = pad_id
         self.target = target
         self.weights_version = 0
 
     def generate_sequences(self, batch: DataProto, params: SamplingParams) -> DataProto:
         lay = layout(batch, len(batch), self.group.dp_size)
-        args = []
-        for dp, shards in enumerate(lay.shards):
-            seeded = params if params.seed is None else replace(params, seed=params.seed + dp)
-            args.append(None if shards[0] is None else (shards[0], seeded))
+        if params.seed is None:  # one seed for all shards, so that rows do not depend on the DP split
+            params = replace(params, seed=int(torch.randint(0, 2**31, ()).item()))
+        args, first = [], 0
+        for shards in lay.shards:
+            shard = shards[0]
+            args.append(None if shard is None else (shard, replace(params, row_offset=first * params.n)))
+            first += 0 if shard is None else len(shard)
         parts = [p for p in self.group.run(self.target, "generate_sequences", args) if p is not None]
-        return DataProto.concat(parts) if len(parts) > 1 else parts[0]
+        return DataProto.concat(self._same_prompt_width(parts)) if len(parts) > 1 else parts[0]
+
+    def _same_prompt_width(self, parts: list[DataProto]) -> list[DataProto]:
+        """Each DP rank left-pads its prompts to its own longest: widen them all to the longest."""
+        width = max(p["prompts"].shape[1] for p in parts)
+        out = []
+        for p in parts:
+            extra = width - p["prompts"].shape[1]
+            tensors = dict(p.tensors)
+            for key, value in (("prompts", self.pad_id), ("input_ids", self.pad_id), ("attention_mask", 0)):
+                tensors[key] = torch.nn.functional.pad(tensors[key], (extra, 0), value=value)
+            out.append(DataProto(tensors=tensors, columns=p.columns, meta=p.meta))
+        return out
 
     def load_weights(self, weights, version: int) -> int:
         self.weights_version = self.group.run_all(self.target, "load_weights", weights, version)[0]
