@@ -357,6 +357,11 @@ def _validate_parallel(cfg: TandemConfig) -> None:
         _check(pp >= 1, f"{key}.pipeline_model_parallel_size", "must be >= 1")
         _check(world >= 1 and world % (tp * pp) == 0, f"services.{role}.world_size",
                f"{world} is not a multiple of tensor x pipeline parallel = {tp} x {pp}")
+        dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
+        mini = (cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic).ppo_mini_batch_size
+        rows = mini * cfg.actor_rollout_ref.rollout.n
+        _check(rows >= dp, f"{'actor_rollout_ref.actor' if role == 'actor' else 'critic'}.ppo_mini_batch_size",
+               f"{mini} prompts x rollout.n = {rows} rows per optimizer step < {dp} data-parallel ranks of the {role}")
         heads, groups = _heads(cfg.actor_rollout_ref.model)
         _check(heads % tp == 0 and groups % tp == 0, f"{key}.tensor_model_parallel_size",
                f"{tp} must divide num_attention_heads={heads} and num_key_value_heads={groups}")

@@ -33,8 +33,11 @@ def layout(batch: DataProto, rows_per_mini: int, dp: int, *, epochs: int = 1,
     rows: list[list] = [[] for _ in range(dp)]
     for mini in minis:
         if len(mini) < dp and not allow_empty:
-            raise ValueError(f"a mini-batch of {len(mini)} rows cannot be split over {dp} "
-                             "data-parallel ranks; raise ppo_mini_batch_size or lower the DP size")
+            from tandem.rpc.errors import InvalidArgument
+
+            raise InvalidArgument(f"batch: a mini-batch of {len(mini)} rows cannot be split over {dp} "
+                                  "data-parallel ranks (every rank takes part in each optimizer step); "
+                                  "send more rows or raise ppo_mini_batch_size")
         parts = mini.chunk(min(dp, len(mini)))
         for r in range(dp):
             part = parts[r] if r < len(parts) else None

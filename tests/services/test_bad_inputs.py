@@ -88,6 +88,7 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
             ("advantages float64", services.with_tensor(train, "advantages", adv.double()), ("'advantages'", "float64")),
             ("advantages wrong shape", services.with_tensor(train, "advantages", adv[:, :-1]), ("'advantages'", "shape")),
             ("advantages NaN", services.with_tensor(train, "advantages", nan_adv), ("'advantages'", "NaN")),
+            ("one row for two DP ranks", train.slice(0, 1), ("1 rows", "2 data-parallel ranks")),
         ]
         for what, batch, frags in cases:
             await services.expect_error(actor.update_actor(batch), INVALID, "UpdateActor", *frags)

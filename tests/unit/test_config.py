@@ -163,3 +163,12 @@ def test_parallel_layout_errors_name_the_numbers():
             load_config(None, overrides)
         for frag in fragments:
             assert frag in str(e.value), (overrides, str(e.value))
+
+
+def test_mini_batch_must_cover_the_data_parallel_ranks():
+    from tandem.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["services.actor.world_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+                           "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4"])
+    assert "actor_rollout_ref.actor.ppo_mini_batch_size" in str(e.value) and "4 data-parallel" in str(e.value)
