@@ -162,7 +162,13 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="tandem-parallel-")
     tok = build_tokenizer(os.path.join(tmp, "tokenizer"))
     names = a.layouts.split(",")
-    res = {n: launch(n, tmp, tok, a.steps) for n in names}
+    res = {}
+    for n in names:  # each layout's figures as soon as it is done (the reload phase comes after)
+        res[n] = r = launch(n, tmp, tok, a.steps)
+        vs = {k: (r[k] - res["tp1"][k]).abs().max().item() for k in ("before", "after")} if "tp1" in res else {}
+        print(f"  {n}: log-prob diff vs tp1 {vs}, pg_loss {r['metrics']['actor/pg_loss']:.5f}, grad_norm "
+              f"{r['metrics']['actor/grad_norm']:.4f}, step {r['step_s']:.3f} s, {r['tokens'] / r['step_s']:,.0f} tokens/s",
+              flush=True)
     loaded = {n: launch(n, tmp, tok, 0, load_from=os.path.join(tmp, n, "ckpt")) for n in names}
     ref, ref_w = res["tp1"], loaded["tp1"]["weights"]
     import megatron.core

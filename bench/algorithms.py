@@ -4,7 +4,7 @@
 
 1. One SFT warm start (`tandem run trainer.total_training_steps=0`, the default SFT of
    1200 steps), its policy exported as a Hugging Face directory (tandem.convert.hf_export,
-   with the run's tokenizer).
+   with the run's tokenizer, `python -m services.actor.export`).
 2. Each algorithm is a `tandem run` from that directory (`actor_rollout_ref.model.path=...
    trainer.sft.total_steps=0`), so all start from the same weights and the same held-out
    accuracy: GRPO (the default), RLOO, REINFORCE++, PPO (deploy/configs/arithmetic_ppo.yaml,
@@ -49,13 +49,6 @@ def tandem_run(args: list[str], out: str, name: str) -> str:
     return run_dir
 
 
-def export(run_dir: str, hf_dir: str) -> None:
-    """The SFT run's actor checkpoint -> a Hugging Face Llama directory with the run's tokenizer."""
-    from services.actor.export import export as export_checkpoint
-
-    export_checkpoint(os.path.join(run_dir, "checkpoints", "global_step_0"), hf_dir)
-
-
 def read_run(run_dir: str) -> dict:
     summary = json.load(open(os.path.join(run_dir, "summary.json")))
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
@@ -96,11 +89,7 @@ def main() -> None:
     p.add_argument("--write-results", action="store_true", help="append the table to bench/RESULTS.md")
     p.add_argument("--report-only", action="store_true",
                    help="only print the table of the runs already under --out")
-    p.add_argument("--export", nargs=2, metavar=("RUN_DIR", "HF_DIR"), help=argparse.SUPPRESS)
     a = p.parse_args()
-    if a.export:
-        export(*a.export)
-        return
     out = os.path.abspath(a.out)
     if a.report_only:
         runs = {name: os.path.join(out, name.split()[0].lower().replace("+", "p")) for name in ALGORITHMS}
@@ -112,7 +101,8 @@ def main() -> None:
     start = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}
     sft_dir = tandem_run(["trainer.total_training_steps=0"], out, "sft")
     hf_dir = os.path.join(out, "sft_hf")
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--export", sft_dir, hf_dir], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "services.actor.export",  # the SFT policy as a HF directory
+                    os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
     sft_acc = json.load(open(os.path.join(sft_dir, "summary.json")))["val_accuracy_after_sft"]
     print(f"SFT warm start: held-out {sft_acc:.3f}; exported to {hf_dir}", flush=True)
     rows = {}

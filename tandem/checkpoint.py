@@ -95,28 +95,38 @@ def load_sharded(template: dict, path: str) -> dict:
 
 def _trained_template(models: dict, optimizer, is_loading: bool) -> dict:
     state = {name: m.sharded_state_dict(prefix=f"{name}.") for name, m in models.items()}
-    trained = next(iter(models))  # the first model is the one the optimizer trains
-    state["optimizer"] = optimizer.sharded_state_dict(state[trained], is_loading=is_loading)
+    if optimizer is not None:
+        trained = next(iter(models))  # the first model is the one the optimizer trains
+        state["optimizer"] = optimizer.sharded_state_dict(state[trained], is_loading=is_loading)
     return state
 
 
 def save_models(path: str, models: dict, optimizer, meta: dict) -> str:
-    """All ranks: models (name -> GPTModel, the trained one first), its optimizer, and meta."""
-    state = _trained_template(models, optimizer, is_loading=False)
+    """All ranks: models (name -> GPTModel, the trained one first), its optimizer, and meta.
+    An optimizer that has not stepped yet has no state to save (a fresh one equals it)."""
+    stepped = optimizer.steps > 0
+    state = _trained_template(models, optimizer if stepped else None, is_loading=False)
     state["meta"] = dict(meta, optimizer_steps=optimizer.steps)
     return save_sharded(state, path)
 
 
 def load_models(path: str, models: dict, optimizer) -> dict:
     """All ranks: the inverse of save_models (any TP / DP layout); -> meta."""
-    template = _trained_template(models, optimizer, is_loading=True)
+    from megatron.core import dist_checkpointing
+
+    if not is_checkpoint(path):
+        raise FileNotFoundError(f"{path!r} is not a complete Tandem checkpoint directory")
+    steps = int(dist_checkpointing.load_common_state_dict(path)["meta"]["optimizer_steps"])
+    template = _trained_template(models, optimizer if steps > 0 else None, is_loading=True)
     template["meta"] = {}
     state = load_sharded(template, path)
     for name, model in models.items():
         model.load_state_dict(strip_prefix(state[name], f"{name}."))
-    meta = state["meta"]
-    optimizer.load_state_dict(state["optimizer"], int(meta["optimizer_steps"]))
-    return meta
+    if steps > 0:
+        optimizer.load_state_dict(state["optimizer"], steps)
+    else:
+        optimizer.reset()
+    return state["meta"]
 
 
 def strip_prefix(state: dict, prefix: str) -> dict:

@@ -45,6 +45,7 @@ class MegatronConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1  # > 1 needs GPUs (megatron-core's pipeline schedules)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
+    sequence_parallel: bool = False  # split norms/activations along the sequence over TP (needs TP > 1)
     dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
     seed: int = 1
 

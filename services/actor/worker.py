@@ -37,17 +37,19 @@ class ActorWorker:
         self.architecture = _architecture(cfg.actor_rollout_ref.model.path)
         tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
         dtype = device.parse_dtype(mcfg.dtype)
-        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype)
+        sp = mcfg.sequence_parallel
+        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype, sequence_parallel=sp)
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
             from tandem.convert.hf_load import load_hf_weights
 
             load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
                             ps.get_tensor_model_parallel_rank(), tp)
         self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
-        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype)  # megatron modules hold process groups: no deepcopy
+        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype, sequence_parallel=sp)  # megatron modules hold process groups: no deepcopy
         self.set_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
+        self._sft_steps_seen = 0  # SFT steps the RL optimizer's main weights have caught up with
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
@@ -76,6 +78,9 @@ class ActorWorker:
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float) -> dict:
+        if self.sft_optimizer is not None and self.sft_optimizer.steps > self._sft_steps_seen:
+            self.optimizer.reload_model_params()  # SFT moved the weights under this optimizer
+            self._sft_steps_seen = self.sft_optimizer.steps
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
         return train_steps(self.ddp, self.optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
                            loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
@@ -85,6 +90,8 @@ class ActorWorker:
         sft = self.cfg.trainer.sft
         if self.sft_optimizer is None:
             self.sft_optimizer = Optimizer(self.ddp, OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
+        elif self.optimizer.steps:  # RL moved the weights since the last SFT step
+            self.sft_optimizer.reload_model_params()
         return train_steps(self.ddp, self.sft_optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
                            losses.sft_loss, "sft/grad_norm", "sft/lr")
 

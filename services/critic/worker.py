@@ -32,7 +32,7 @@ class CriticWorker:
         self.vocab_size = self.shape.vocab_size
         self.model = build_gpt_model(self.shape, head="scalar", tp=m.tensor_model_parallel_size,
                                      pp=m.pipeline_model_parallel_size,
-                                     params_dtype=device.parse_dtype(m.dtype))
+                                     params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel)
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
 
@@ -72,3 +72,4 @@ class CriticWorker:
         missing = [k for k in missing if not k.startswith("output_layer.")]
         if missing or unexpected:
             raise KeyError(f"trunk mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        self.optimizer.reload_model_params()

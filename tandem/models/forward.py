@@ -24,8 +24,28 @@ def attention_mask_4d(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] tokens -> [B, T, V/tp] logits (or [B, T, 1] values for a scalar head)."""
-    return model(input_ids, None, attention_mask_4d(attention_mask))
+    """[B, T] tokens -> [B, T, V/tp] logits (or [B, T, 1] values for a scalar head).
+
+    With sequence parallelism the sequence is split over TP ranks, so T is right-padded to
+    a multiple of TP (padding is masked out and cut off again)."""
+    t = input_ids.shape[1]
+    split = _sequence_split(model)
+    extra = (split - t % split) % split
+    if extra:
+        input_ids = torch.nn.functional.pad(input_ids, (0, extra))
+        attention_mask = torch.nn.functional.pad(attention_mask, (0, extra))
+    out = model(input_ids, None, attention_mask_4d(attention_mask))
+    if extra:
+        from megatron.core import parallel_state
+
+        if parallel_state.is_pipeline_last_stage():  # [B, T, ...]; earlier stages pass [T, B, H] on
+            out = out[:, :t]
+    return out
+
+
+def _sequence_split(model) -> int:
+    config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
+    return config.tensor_model_parallel_size if config is not None and config.sequence_parallel else 1
 
 
 def response_slice(full: torch.Tensor, response_length: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from tandem import checkpoint
 from tandem.data.batch import DataProto
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.sampling import SamplingParams
+from tandem.models.norm import sequence_parallel_off
 
 
 class RolloutWorker:
@@ -28,7 +29,8 @@ class RolloutWorker:
         with the request's other tensors and columns repeated n times (prompt-major)."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
-        res = self.engine.generate(prompts, params)
+        with sequence_parallel_off(self.model):  # a training layout with SP generates without it
+            res = self.engine.generate(prompts, params)
         out = DataProto(tensors={
             "prompts": res.prompts,
             "responses": res.responses,

@@ -68,6 +68,20 @@ class Optimizer:
     def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False) -> dict:
         return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading)
 
+    def reload_model_params(self) -> None:
+        """The model's parameters changed outside this optimizer (a checkpoint, another
+        optimizer): refresh its fp32 main copies (bf16 models), or they would overwrite the
+        change at the next step."""
+        self.opt.reload_model_params()
+
+    def reset(self) -> None:
+        """Back to no state (a checkpoint taken before the first step), main copies refreshed."""
+        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
+            inner.optimizer.state.clear()
+        self.steps = 0
+        self._apply_lr()
+        self.reload_model_params()
+
     def load_state_dict(self, state: dict, steps: int) -> None:
         self.opt.load_state_dict(state)
         self.steps = steps

@@ -1,5 +1,5 @@
-"""`tandem run` with services of several ranks (gloo on CPU): the actor at TP=2 serving the
-colocated rollout, and a PPO run whose actor, critic and standalone rollout each run DP=2.
+"""`tandem run` with services of several ranks (gloo on CPU): the actor at TP=2 with sequence
+parallelism serving the colocated rollout, and a PPO run whose actor, critic and standalone rollout each run DP=2.
 Every rank is its own OS process; rank 0 of each serves gRPC."""
 import json
 import os
@@ -25,9 +25,10 @@ def finished(tmp_path, name, extra) -> tuple[dict, dict]:
     return pids, {m["step"]: m for m in lines if "actor/pg_loss" in m}, run_dir
 
 
-def test_actor_tp2_colocated(tmp_path):
+def test_actor_tp2_sp_colocated(tmp_path):
     pids, steps, run_dir = finished(tmp_path, "tp2", [
         "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.sequence_parallel=true",  # generation runs with SP off
         "actor_rollout_ref.actor.entropy_coeff=0.01"])  # a gradient even when every reward is equal
     assert len(pids["actor"]) == 2  # rank 0 (front door) and rank 1
     assert sorted(steps) == [1, 2] and all(m["actor/grad_norm"] > 0 for m in steps.values())

@@ -37,6 +37,7 @@ def fixed_batch(vocab: int, pad_id: int):
 def main() -> int:
     rank, world, tp, rdzv, out, tok = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
                                         sys.argv[4], sys.argv[5], sys.argv[6])
+    sp = os.path.basename(out).endswith("sp")  # the tp2sp layout: TP=2 with sequence parallelism
     load_from = sys.argv[7] if len(sys.argv) > 7 else None
     from services.actor.front import ActorFront
     from services.actor.worker import ActorWorker
@@ -47,6 +48,7 @@ def main() -> int:
     cfg = load_config(None, [
         f"actor_rollout_ref.model.tokenizer_path={tok}", "actor_rollout_ref.model.init_std=0.1",
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}", f"services.actor.world_size={world}",
+        f"actor_rollout_ref.actor.megatron.sequence_parallel={sp}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
@@ -57,6 +59,8 @@ def main() -> int:
 
     tokenizer = AutoTokenizer.from_pretrained(tok)
     worker = ActorWorker(cfg, len(tokenizer))
+    norms = [p for n, p in worker.policy.named_parameters() if "layernorm" in n]
+    assert worker.policy.config.sequence_parallel == sp and all(p.sequence_parallel == sp for p in norms)
     group = RankGroup({"actor": worker})
     if not group.is_front:
         group.follow()

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 2), "dp2": (2, 1)}  # name: (world size, TP)
+LAYOUTS = {"tp1": (1, 1), "tp2": (2, 2), "dp2": (2, 1), "tp2sp": (2, 2)}  # name: (world size, TP)
 
 
 def run_layout(run_ranks, tmp, name, tokenizer_dir, world, tp, load_from=None):
@@ -31,7 +31,7 @@ def hf_weights(d):
     return load_file(os.path.join(d, "hf", "model.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2"])
+@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2sp"])
 def test_same_update_as_tp1(runs, name):
     _, results = runs
     (ref, ref_dir), (got, got_dir) = results["tp1"], results[name]

@@ -172,3 +172,16 @@ def test_unknown_policy_loss_mode_is_refused():
 
     with pytest.raises(ConfigError, match="actor_rollout_ref.actor.policy_loss.loss_mode"):
         load_config(None, ["actor_rollout_ref.actor.policy_loss.loss_mode=ppo2"])
+
+
+def test_checkpoint_before_any_update_loads(worker, arithmetic_tokenizer, tmp_path):
+    """A checkpoint taken before the first optimizer step has no optimizer state; loading it
+    gives a fresh optimizer, so the next update equals a fresh worker's."""
+    seq = generate(worker, arithmetic_tokenizer)
+    path = worker.save(str(tmp_path / "step0" / "actor"))
+    other = make_worker(arithmetic_tokenizer, "actor_rollout_ref.model.init_std=0.02")  # other weights
+    other.load(path)
+    batch = training_batch(worker, seq)
+    worker.update_actor(batch)
+    other.update_actor(batch)
+    assert torch.equal(worker.compute_log_prob(seq)["old_log_probs"], other.compute_log_prob(seq)["old_log_probs"])
