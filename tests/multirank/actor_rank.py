@@ -6,7 +6,9 @@ All ranks build the actor exactly as the service does (ActorWorker + RankGroup);
 drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
 log-probs after, the new weights as a Hugging Face export, and a checkpoint. With
 LOAD_FROM it loads that checkpoint (saved at any layout) and only writes log-probs.
-Rank 0 writes OUT/result.pt. A failure raises (non-zero exit).
+Rank 0 writes OUT/result.pt. A failure raises (non-zero exit). An OUT directory whose
+name ends in "sp" turns sequence parallelism on; ACTOR_RANK_OVERRIDES (space-separated
+key=value) adds config overrides when running it by hand to compare other settings.
 """
 import os
 import sys
