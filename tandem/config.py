@@ -93,6 +93,7 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off (verl)
     max_batch_size: int = 512  # rows decoded together
+    free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 

@@ -33,8 +33,9 @@ def main(argv=None) -> None:
     colocated = cfg.actor_rollout_ref.rollout.mode == "colocated"
     targets = {"actor": worker}
     if colocated:
+        rollout = cfg.actor_rollout_ref.rollout
         targets["rollout"] = hybrid.colocated_rollout_worker(
-            worker, tokenizer, cfg.actor_rollout_ref.rollout.max_batch_size)
+            worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine)
     group = RankGroup(targets)
     if not group.is_front:
         group.follow()

@@ -3,7 +3,9 @@
 On every rank the rollout worker wraps that rank's shard of the policy module itself:
 generation always sees the current weights, with no copy and no sync step, at the
 training TP layout. Rank 0 serves both services from one WorkerThread, so a generation
-never overlaps an update. (Resharding to a different generation TP layout: not yet.)
+never overlaps an update. With actor_rollout_ref.rollout.free_cache_engine the KV cache (and
+its CUDA graphs) is freed after each generation, so training gets that memory back.
+(Resharding to a different generation TP layout: not yet.)
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from services.actor.worker import ActorWorker
 from tandem.rollout.worker import RolloutWorker
 
 
-def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int) -> RolloutWorker:
+def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int,
+                             free_cache_engine: bool) -> RolloutWorker:
     return RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                         vocab_size=actor.vocab_size, max_batch_size=max_batch_size)
+                         vocab_size=actor.vocab_size, max_batch_size=max_batch_size,
+                         free_cache_engine=free_cache_engine)

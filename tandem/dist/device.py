@@ -52,6 +52,12 @@ def synchronize() -> None:
         torch.cuda.synchronize()
 
 
+def empty_cache() -> None:
+    """Return cached, unused device memory to the driver (e.g. a released KV cache)."""
+    if has_cuda():
+        torch.cuda.empty_cache()
+
+
 def manual_seed(seed: int) -> None:
     """Seed torch and megatron's model-parallel RNG tracker (CUDA or CPU)."""
     from megatron.core import tensor_parallel

@@ -10,14 +10,17 @@ import torch
 
 from tandem import checkpoint
 from tandem.data.batch import DataProto
+from tandem.dist import device
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.sampling import SamplingParams
 from tandem.models.norm import sequence_parallel_off
 
 
 class RolloutWorker:
-    def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int):
+    def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int,
+                 free_cache_engine: bool = False):
         self.model = model
+        self.free_cache_engine = free_cache_engine  # colocated: give the KV cache back to training
         self.engine = GenerationEngine(model, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size,
                                        max_batch_size=max_batch_size)
         self.vocab_size = vocab_size
@@ -31,6 +34,9 @@ class RolloutWorker:
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         with sequence_parallel_off(self.model):  # a training layout with SP generates without it
             res = self.engine.generate(prompts, params)
+        if self.free_cache_engine:  # the next call allocates (and on GPU captures) again
+            self.engine.release()
+            device.empty_cache()
         out = DataProto(tensors={
             "prompts": res.prompts,
             "responses": res.responses,

@@ -28,7 +28,8 @@ CASES = {
     # KL as a loss (k3) and in the reward with the adaptive controller: exercises ref log-probs
     "rloo_kl": (["algorithm.adv_estimator=rloo", "actor_rollout_ref.actor.use_kl_loss=true",
                  "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
-                 "algorithm.kl_ctrl.type=adaptive"], {"actor", "reward"}),
+                 "algorithm.kl_ctrl.type=adaptive", "actor_rollout_ref.rollout.free_cache_engine=true"],
+                {"actor", "reward"}),
     "reinforce_pp_entropy": (["algorithm.adv_estimator=reinforce_plus_plus",
                               "actor_rollout_ref.actor.entropy_coeff=0.01",
                               "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"], {"actor", "reward"}),

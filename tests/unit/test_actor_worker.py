@@ -185,3 +185,27 @@ def test_checkpoint_before_any_update_loads(worker, arithmetic_tokenizer, tmp_pa
     worker.update_actor(batch)
     other.update_actor(batch)
     assert torch.equal(worker.compute_log_prob(seq)["old_log_probs"], other.compute_log_prob(seq)["old_log_probs"])
+
+
+def test_free_cache_engine_releases_and_regenerates_the_same(worker, arithmetic_tokenizer):
+    """actor_rollout_ref.rollout.free_cache_engine: the colocated engine drops its KV cache after
+    each generation; the next generation allocates again and gives the same rows (same seed)."""
+    from tandem.rollout.worker import RolloutWorker
+
+    rows = [[arithmetic_tokenizer.bos_token_id] + arithmetic_tokenizer(t, add_special_tokens=False)["input_ids"]
+            for t in TEXTS]
+    ids, mask = left_pad(rows, arithmetic_tokenizer.pad_token_id)
+    prompts = DataProto(tensors={"input_ids": ids, "attention_mask": mask})
+    params = SamplingParams(max_new_tokens=6, temperature=0.9, n=N, seed=3)
+    kept = RolloutWorker(worker.local.policy, pad_id=arithmetic_tokenizer.pad_token_id,
+                         eos_id=arithmetic_tokenizer.eos_token_id, vocab_size=worker.vocab_size, max_batch_size=64)
+    freed = RolloutWorker(worker.local.policy, pad_id=arithmetic_tokenizer.pad_token_id,
+                          eos_id=arithmetic_tokenizer.eos_token_id, vocab_size=worker.vocab_size, max_batch_size=64,
+                          free_cache_engine=True)
+    first = freed.generate_sequences(prompts, params)
+    assert freed.engine.runner is None  # cache and graphs released
+    again = freed.generate_sequences(prompts, params)
+    reference = kept.generate_sequences(prompts, params)
+    assert kept.engine.runner is not None
+    for key in ("responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(first[key], again[key]) and torch.equal(first[key], reference[key]), key
