@@ -19,28 +19,12 @@ from tandem.algos.dapo import varied_group_mask
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
+from tandem.rollout.outputs import concat_generations
 
 _log = get_logger("controller.dapo")
 
 # filter_groups.metric -> the per-row tensor generate_and_score() adds
 METRIC_COLUMNS = {"acc": "acc", "score": "acc", "seq_reward": "seq_reward"}
-LEFT_PADDED = ("prompts", "input_ids", "attention_mask")
-
-
-def concat_generations(parts: list[DataProto], pad_id: int) -> DataProto:
-    """Concatenate generated batches whose prompt blocks differ in width: the prompt-side
-    tensors are left-padded to the widest (responses all have max_response_length columns)."""
-    width = max(p["prompts"].shape[1] for p in parts)
-    padded = []
-    for p in parts:
-        extra = width - p["prompts"].shape[1]
-        if extra:
-            p = DataProto(tensors=dict(p.tensors), columns=dict(p.columns), meta=dict(p.meta))
-            for key in LEFT_PADDED:
-                value = 0 if key == "attention_mask" else pad_id
-                p.tensors[key] = torch.nn.functional.pad(p.tensors[key], (extra, 0), value=value)
-        padded.append(p)
-    return DataProto.concat(padded)
 
 
 async def collect_varied_groups(

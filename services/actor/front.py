@@ -10,6 +10,7 @@ from services.actor.worker import ActorWorker
 from tandem.data.batch import DataProto
 from tandem.dist.dispatch import combine_train_metrics, gather_rows, layout, train_layout
 from tandem.dist.rank_group import RankGroup
+from tandem.train.losses import loss_units
 
 
 class ActorFront:
@@ -62,7 +63,7 @@ class ActorFront:
         a = self.actor_cfg
         lay = train_layout(batch, self._rows_per_mini(batch), self.dp, epochs=a.ppo_epochs,
                            shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
-                           mask="response_mask", loss_agg_mode=a.loss_agg_mode)
+                           units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
         temperature = float(batch.meta.get("temperature", 1.0))
         results = self.group.run("actor", "update", [(s, temperature) for s in lay.shards])
         self.update_calls += 1
@@ -71,9 +72,8 @@ class ActorFront:
 
     def train_sft(self, batch: DataProto) -> dict[str, float]:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""
-        shifted = batch.union(DataProto(tensors={"__predicted__": batch["loss_mask"][:, 1:]}))
-        lay = train_layout(shifted, len(batch), self.dp, epochs=1, shuffle=False, seed=0,
-                           mask="__predicted__", loss_agg_mode="token-mean")
+        lay = train_layout(batch, len(batch), self.dp, epochs=1, shuffle=False, seed=0,  # tokens predicted:
+                           units=lambda mini: loss_units(mini["loss_mask"][:, 1:], "token-mean"))
         results = self.group.run("actor", "train_sft", [(s,) for s in lay.shards])
         self.weights_version += 1
         return combine_train_metrics(results, 1)

@@ -49,7 +49,7 @@ class ActorWorker:
         self.set_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
-        self._sft_steps_seen = 0  # SFT steps the RL optimizer's main weights have caught up with
+        self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
@@ -78,22 +78,22 @@ class ActorWorker:
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float) -> dict:
-        if self.sft_optimizer is not None and self.sft_optimizer.steps > self._sft_steps_seen:
-            self.optimizer.reload_model_params()  # SFT moved the weights under this optimizer
-            self._sft_steps_seen = self.sft_optimizer.steps
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
-        return train_steps(self.ddp, self.optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
-                           loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
+        return self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
 
     def train_sft(self, shards: list[DataProto]) -> dict:
         """Cross-entropy on batch['loss_mask'] tokens (warm start), its own optimizer."""
         sft = self.cfg.trainer.sft
         if self.sft_optimizer is None:
             self.sft_optimizer = Optimizer(self.ddp, OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
-        elif self.optimizer.steps:  # RL moved the weights since the last SFT step
-            self.sft_optimizer.reload_model_params()
-        return train_steps(self.ddp, self.sft_optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
-                           losses.sft_loss, "sft/grad_norm", "sft/lr")
+        return self._train(self.sft_optimizer, shards, losses.sft_loss, "sft/grad_norm", "sft/lr")
+
+    def _train(self, optimizer: Optimizer, shards, loss_fn, grad_norm_key: str, lr_key: str) -> dict:
+        if self._last_trained is not None and self._last_trained is not optimizer:
+            optimizer.reload_model_params()  # the other optimizer moved the weights (bf16 main copies)
+        self._last_trained = optimizer
+        return train_steps(self.ddp, optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
+                           loss_fn, grad_norm_key, lr_key)
 
     def set_reference(self) -> None:
         """reference := current policy (after the SFT warm start)."""
@@ -116,7 +116,9 @@ class ActorWorker:
         return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
 
     def load(self, path: str) -> dict:
-        return checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
+        meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
+        self._last_trained = self.optimizer  # loaded together with the weights
+        return meta
 
 
 def _architecture(hf_dir: str | None) -> str:

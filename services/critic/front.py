@@ -5,6 +5,7 @@ from services.critic.worker import CriticWorker
 from tandem.data.batch import DataProto
 from tandem.dist.dispatch import combine_train_metrics, gather_rows, layout, train_layout
 from tandem.dist.rank_group import RankGroup
+from tandem.train.losses import loss_units
 
 
 class CriticFront:
@@ -30,8 +31,8 @@ class CriticFront:
     def update_critic(self, batch: DataProto) -> dict[str, float]:
         c = self.critic_cfg
         lay = train_layout(batch, self._rows_per_mini(batch), self.dp, epochs=c.ppo_epochs, shuffle=False,
-                           seed=self.cfg.trainer.seed + self.update_calls, mask="response_mask",
-                           loss_agg_mode=c.loss_agg_mode)
+                           seed=self.cfg.trainer.seed + self.update_calls,
+                           units=lambda mini: loss_units(mini["response_mask"], c.loss_agg_mode))
         results = self.group.run("critic", "update", [(s,) for s in lay.shards])
         self.update_calls += 1
         return combine_train_metrics(results, len(lay.minis))

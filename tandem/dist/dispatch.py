@@ -8,6 +8,7 @@ log-probs on the first on-policy mini-batch).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -67,16 +68,14 @@ def gather_rows(lay: Layout, results: list[list[DataProto | None]], num_rows: in
 
 
 def train_layout(batch: DataProto, rows_per_mini: int, dp: int, *, epochs: int, shuffle: bool,
-                 seed: int, mask: str, loss_agg_mode: str) -> Layout:
+                 seed: int, units: Callable[[DataProto], int]) -> Layout:
     """`layout` for an update: no empty shard, and each shard's meta carries its whole
-    mini-batch's loss units (what the gradient is divided by)."""
-    from tandem.train.losses import loss_units
-
+    mini-batch's loss units (`units(mini)`: what the gradient is divided by)."""
     lay = layout(batch, rows_per_mini, dp, epochs=epochs, shuffle=shuffle, seed=seed, allow_empty=False)
     for mini, shards in zip(lay.minis, zip(*lay.shards)):
-        units = loss_units(mini[mask], loss_agg_mode)
+        n = units(mini)
         for s in shards:
-            s.meta["loss_units"] = units
+            s.meta["loss_units"] = n
     return lay
 
 

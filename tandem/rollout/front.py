@@ -16,6 +16,7 @@ from tandem.data.batch import DataProto
 from tandem.dist.dispatch import layout
 from tandem.dist.rank_group import RankGroup
 from tandem.generation.sampling import SamplingParams
+from tandem.rollout.outputs import concat_generations
 
 
 class RolloutFront:
@@ -36,19 +37,7 @@ class RolloutFront:
             args.append(None if shard is None else (shard, replace(params, row_offset=first * params.n)))
             first += 0 if shard is None else len(shard)
         parts = [p for p in self.group.run(self.target, "generate_sequences", args) if p is not None]
-        return DataProto.concat(self._same_prompt_width(parts)) if len(parts) > 1 else parts[0]
-
-    def _same_prompt_width(self, parts: list[DataProto]) -> list[DataProto]:
-        """Each DP rank left-pads its prompts to its own longest: widen them all to the longest."""
-        width = max(p["prompts"].shape[1] for p in parts)
-        out = []
-        for p in parts:
-            extra = width - p["prompts"].shape[1]
-            tensors = dict(p.tensors)
-            for key, value in (("prompts", self.pad_id), ("input_ids", self.pad_id), ("attention_mask", 0)):
-                tensors[key] = torch.nn.functional.pad(tensors[key], (extra, 0), value=value)
-            out.append(DataProto(tensors=tensors, columns=p.columns, meta=p.meta))
-        return out
+        return concat_generations(parts, self.pad_id)  # each rank padded its prompts to its own longest
 
     def load_weights(self, weights, version: int) -> int:
         self.weights_version = self.group.run_all(self.target, "load_weights", weights, version)[0]

@@ -8,7 +8,8 @@ import pytest
 import torch
 from structlog.testing import capture_logs
 
-from controller.dapo import collect_varied_groups, concat_generations
+from controller.dapo import collect_varied_groups
+from tandem.rollout.outputs import concat_generations
 from controller.data import Cursor, collate, load_examples
 from tandem.config import load_config
 from tandem.data.batch import DataProto
