@@ -1,14 +1,17 @@
 """The actor on several GPUs: TP=2, PP=2 and DP=2 against one GPU, in bf16 over NCCL.
 
-    python bench/actor_parallel.py [--layouts tp1,tp2,pp2,dp2] [--steps 5]
+    python bench/actor_parallel.py [--layouts tp1,tp2,pp2,dp2] [--steps 5] [--hang-s 240]
 
 Each layout starts its ranks as processes (one GPU each) that build the actor exactly as
 the service does (ActorWorker + RankGroup + ActorFront; bf16 parameters, fp32 main
 weights, megatron DDP / optimizer / schedules; PP through megatron's pipeline schedule).
-Rank 0 drives: log-probs of a fixed batch, one PPO update (2 mini-batches), log-probs
-after, a dist checkpoint; then `--steps` timed updates of a per-GPU-constant batch (DP=2
-sees twice the rows) for throughput. A final one-GPU pass loads every layout's checkpoint
-at TP=1 / PP=1 and compares the updated weights with the one-GPU run's.
+tp1 runs first and saves its initial weights; every other layout loads them (a random
+init differs across pipeline stages, as each stage draws only its own layers). Rank 0
+drives: log-probs of a fixed batch, one PPO update (2 mini-batches), log-probs after, a
+dist checkpoint; then `--steps` timed updates of a per-GPU-constant batch (DP=2 sees
+twice the rows) for throughput. A final one-GPU process loads every layout's checkpoint
+at TP=1 / PP=1 and compares the updated weights with the one-GPU run's. A rank that
+hangs longer than --hang-s prints every thread's stack and exits.
 Prints a markdown section (machine, tolerances, scaling efficiency).
 """
 from __future__ import annotations
@@ -73,7 +76,8 @@ def make_batch(vocab: int, pad: int, rows: int, seed: int):
                      meta={"temperature": 1.0, "rollout_n": 1})
 
 
-def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, load_from: str | None) -> None:
+def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, load_from: str | None,
+              init_from: str | None) -> None:
     world, tp, pp = LAYOUTS[name]
     from transformers import AutoTokenizer
 
@@ -97,15 +101,20 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
     res = {}
     try:
         fixed = make_batch(len(tokenizer), tokenizer.pad_token_id, ROWS, seed=0)
-        if load_from:
-            actor.load(load_from)
-            res["weights"] = {k: v.float() for k, v in actor.export_weights().items()}
+        if load_from:  # every layout's checkpoint, one after the other, at TP=1 / PP=1
+            for ckpt in load_from.split(","):
+                actor.load(ckpt)
+                res[ckpt] = {k: v.float() for k, v in actor.export_weights().items()}
         else:
-            if name == "tp1":
+            if init_from:
+                actor.load(init_from)
+            else:
                 res["init"] = {k: v.float() for k, v in actor.export_weights().items()}
+                actor.save(os.path.join(out, "init"))
             seq = fixed.select(tensor_keys=["input_ids", "attention_mask", "responses", "response_mask"])
             old = actor.compute_log_prob(seq)
             res["before"] = old["old_log_probs"]
+            res["mask"] = fixed["response_mask"].bool()
             res["metrics"] = actor.update_actor(fixed.union(old))
             res["after"] = actor.compute_log_prob(seq)["old_log_probs"]
             actor.save(os.path.join(out, "ckpt"))
@@ -126,15 +135,17 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
     torch.save(res, os.path.join(out, "result.pt"))
 
 
-def launch(name: str, tmp: str, tok: str, steps: int, load_from: str | None = None) -> dict:
+def launch(name: str, tmp: str, tok: str, steps: int, hang_s: int, load_from: str | None = None,
+           init_from: str | None = None) -> dict:
     world = 1 if load_from else LAYOUTS[name][0]
     layout = "tp1" if load_from else name
     out = os.path.join(tmp, name + ("_loaded" if load_from else ""))
     os.makedirs(out, exist_ok=True)
     rdzv = os.path.join(out, "rdzv")
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--layout", layout, "--rdzv", rdzv,
-                               "--out", out, "--tok", tok, "--steps", str(steps)]
-                              + (["--load-from", load_from] if load_from else []),
+                               "--out", out, "--tok", tok, "--steps", str(steps), "--hang-s", str(hang_s)]
+                              + (["--load-from", load_from] if load_from else [])
+                              + (["--init-from", init_from] if init_from else []),
                               env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])))
              for r in range(world)]
     for p in procs:
@@ -154,39 +165,57 @@ def main() -> None:
     p.add_argument("--out")
     p.add_argument("--tok")
     p.add_argument("--load-from")
+    p.add_argument("--init-from")
+    p.add_argument("--hang-s", type=int, default=240)
     a = p.parse_args()
     if a.rank is not None:
-        return rank_main(a.rank, a.layout, a.rdzv, a.out, a.tok, a.steps, a.load_from)
+        import faulthandler
+
+        faulthandler.dump_traceback_later(a.hang_s, exit=True)  # a hung collective shows where
+        return rank_main(a.rank, a.layout, a.rdzv, a.out, a.tok, a.steps, a.load_from, a.init_from)
     from tandem.tasks.arithmetic import build_tokenizer
 
     tmp = tempfile.mkdtemp(prefix="tandem-parallel-")
     tok = build_tokenizer(os.path.join(tmp, "tokenizer"))
     names = a.layouts.split(",")
+    if names[0] != "tp1":
+        raise SystemExit("--layouts must start with tp1 (the baseline; its initial weights seed the others)")
     res = {}
     for n in names:  # each layout's figures as soon as it is done (the reload phase comes after)
-        res[n] = r = launch(n, tmp, tok, a.steps)
+        init = None if n == "tp1" else os.path.join(tmp, "tp1", "init")
+        res[n] = r = launch(n, tmp, tok, a.steps, a.hang_s, init_from=init)
         vs = {k: (r[k] - res["tp1"][k]).abs().max().item() for k in ("before", "after")} if "tp1" in res else {}
         print(f"  {n}: log-prob diff vs tp1 {vs}, pg_loss {r['metrics']['actor/pg_loss']:.5f}, grad_norm "
               f"{r['metrics']['actor/grad_norm']:.4f}, step {r['step_s']:.3f} s, {r['tokens'] / r['step_s']:,.0f} tokens/s",
               flush=True)
-    loaded = {n: launch(n, tmp, tok, 0, load_from=os.path.join(tmp, n, "ckpt")) for n in names}
-    ref, ref_w = res["tp1"], loaded["tp1"]["weights"]
+    ckpts = [os.path.join(tmp, n, "ckpt") for n in names]
+    reloaded = launch("all", tmp, tok, 0, a.hang_s, load_from=",".join(ckpts))
+    loaded = {n: reloaded[c] for n, c in zip(names, ckpts)}
+    ref, ref_w = res["tp1"], loaded["tp1"]
     import megatron.core
 
     gpus = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "CPU"
     print(f"\n- machine: {gpus}, torch {torch.__version__}, "
           f"megatron-core {megatron.core.__version__}; model {' '.join(k.split('.')[-1] + '=' + v for k, v in (x.split('=') for x in SHAPE))}, {DTYPE} params")
-    print("\n| layout | max abs log-prob diff before / after update vs tp1 | max abs weight diff vs tp1 "
-          "(max abs update) | pg_loss | grad_norm | step s | tokens/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    mask = ref["mask"]
+
+    def diff(a, b):  # "mean / max" |a - b| over the response tokens
+        d = (a - b).abs()[mask]
+        return f"{d.mean().item():.2g} / {d.max().item():.2g}"
+
     update = max((ref_w[k] - v).abs().max().item() for k, v in ref["init"].items())
+    print(f"\n- the update itself (tp1): log-probs moved {diff(ref['after'], ref['before'])} (mean / max), "
+          f"weights by at most {update:.3g}")
+    print("\n| layout | log-prob diff vs tp1 before update, mean / max | after update | weights: max abs diff "
+          "vs tp1, share of elements that differ | pg_loss | grad_norm | step s | tokens/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for n in names:
-        r, w = res[n], loaded[n]["weights"]
+        r, w = res[n], loaded[n]
         dw = max((w[k] - ref_w[k]).abs().max().item() for k in ref_w)
-        before = (r["before"] - ref["before"]).abs().max().item()
-        after = (r["after"] - ref["after"]).abs().max().item()
-        print(f"| {n} | {before:.3g} / {after:.3g} | {dw:.3g} ({update:.3g}) | {r['metrics']['actor/pg_loss']:.5f} | "
-              f"{r['metrics']['actor/grad_norm']:.4f} | {r['step_s']:.3f} | {r['tokens'] / r['step_s']:,.0f} |")
+        share = sum(int((w[k] != ref_w[k]).sum()) for k in ref_w) / sum(v.numel() for v in ref_w.values())
+        print(f"| {n} | {diff(r['before'], ref['before'])} | {diff(r['after'], ref['after'])} | {dw:.3g}, {share:.2%} | "
+              f"{r['metrics']['actor/pg_loss']:.5f} | {r['metrics']['actor/grad_norm']:.4f} | {r['step_s']:.3f} | "
+              f"{r['tokens'] / r['step_s']:,.0f} |")
     if "dp2" in res:
         eff = (res["dp2"]["tokens"] / res["dp2"]["step_s"]) / (2 * ref["tokens"] / ref["step_s"])
         print(f"\n- DP=2 scaling efficiency (tokens/s at DP=2 / (2 x DP=1), same rows per GPU): {eff:.2f}")

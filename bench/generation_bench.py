@@ -10,8 +10,14 @@ Printed per case:
                         + K and V of the current contexts (mean over the decode); the copy
                         rate is (bytes read + written) / s of a large device-to-device copy
                         measured in the same run.
+`--decode modules,fused` (the default) runs each decode path in the same process, before
+and after: `modules` is the megatron modules step, `fused` the fused_step.py functions
+compiled with torch.compile (the GPU default), `fused-eager` the same uncompiled;
+`--runs decode:attn,...` gives pairs instead of `--decode` x `--attn`. `first_run_s`
+includes compilation (unless an earlier run of that batch size compiled) and graph capture.
 `--check` first verifies on the device: greedy output equals full recompute (fp32, CUDA
-graphs on, refill on) and sampled first-token frequencies match the filtered softmax.
+graphs on, refill on; each decode path) and sampled first-token frequencies match the
+filtered softmax (the default path).
 
     python bench/generation_bench.py [--check] [--shapes 0.5b,1.5b] [--batches 64,256]
     python bench/generation_bench.py --tiny     # a seconds-long CPU smoke run
@@ -90,8 +96,16 @@ def build(shape, dtype):
     return build_gpt_model(shape, params_dtype=dtype).eval()
 
 
-def check(dtype=torch.float32) -> None:
-    """Greedy == full recompute and the sampled distribution, on this device."""
+def decode_kw(decode: str) -> dict:
+    """GenerationEngine arguments of a decode path name."""
+    if decode not in ("modules", "fused", "fused-eager"):
+        raise ValueError(f"decode must be modules, fused or fused-eager, got {decode!r}")
+    return dict(fused_decode=decode != "modules", compile_decode=decode == "fused")
+
+
+def check(runs, dtype=torch.float32) -> None:
+    """Greedy == full recompute (each decode path and attention) and the sampled
+    distribution (the default path), on this device."""
     from tandem.generation.engine import GenerationEngine
     from tandem.generation.sampling import SamplingParams, filter_logits
     from tandem.models.forward import forward_logits
@@ -103,22 +117,8 @@ def check(dtype=torch.float32) -> None:
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 64, (int(torch.randint(1, 20, (1,), generator=g)),), generator=g).tolist()
                for _ in range(12)]
-    eng = GenerationEngine(model, pad_id=0, eos_id=1, vocab_size=64, max_batch_size=5)  # refill
-    res = eng.generate(prompts, SamplingParams(max_new_tokens=24, greedy=True))
-    mismatches, max_lp = 0, 0.0
-    with torch.no_grad():
-        for i, p in enumerate(prompts):
-            seq = list(p)
-            for t in range(int(res.response_mask[i].sum())):
-                ids = torch.tensor([seq], device=device.device())
-                logits = forward_logits(model, ids, torch.ones_like(ids))[0, -1].float()
-                tok = int(logits.argmax())
-                mismatches += tok != int(res.responses[i, t])
-                max_lp = max(max_lp, abs(float(torch.log_softmax(logits, -1)[tok]) - float(res.rollout_log_probs[i, t])))
-                seq.append(tok)
-    emit({"check": "greedy_vs_full_recompute", "rows": len(prompts), "graphs": len(eng.runner.graphs or []),
-          "tokens": int(res.response_mask.sum()), "mismatches": mismatches, "max_logprob_diff": max_lp,
-          "ok": mismatches == 0 and max_lp < 1e-4})
+    for decode, attn in runs:
+        greedy_check(model, prompts, decode, attn)
     # sampled first-token frequencies vs the filtered softmax, T = 0.7, top-k 6, top-p 0.9
     n, temperature, top_k, top_p = 20000, 0.7, 6, 0.9
     prompt = prompts[0]
@@ -133,19 +133,45 @@ def check(dtype=torch.float32) -> None:
     counts = torch.bincount(res.responses[:, 0], minlength=64)
     stat = sum((float(counts[i]) - n * float(expected[i])) ** 2 / (n * float(expected[i])) for i in keep)
     crit = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}[len(keep) - 1]
-    emit({"check": "chi2_first_token", "kept_tokens": len(keep), "chi2": stat, "crit_0.001": crit,
-          "outside_filter": int(counts.sum() - counts[keep].sum()), "ok": bool(stat < crit and int(counts[keep].sum()) == n)})
+    emit({"check": "chi2_first_token", "fused": eng.runner.weights is not None, "kept_tokens": len(keep),
+          "chi2": stat, "crit_0.001": crit, "outside_filter": int(counts.sum() - counts[keep].sum()),
+          "ok": bool(stat < crit and int(counts[keep].sum()) == n)})
 
 
-def profile(model, shape, batch, prompt_len, attn, kv_len) -> None:
+def greedy_check(model, prompts, decode, attn) -> None:
+    from tandem.generation.engine import GenerationEngine
+    from tandem.generation.sampling import SamplingParams
+    from tandem.models.forward import forward_logits
+
+    eng = GenerationEngine(model, pad_id=0, eos_id=1, vocab_size=64, max_batch_size=5, decode_attention=attn,
+                           **decode_kw(decode))
+    res = eng.generate(prompts, SamplingParams(max_new_tokens=24, greedy=True))  # 5 slots: refill
+    mismatches, max_lp = 0, 0.0
+    with torch.no_grad():
+        for i, p in enumerate(prompts):
+            seq = list(p)
+            for t in range(int(res.response_mask[i].sum())):
+                ids = torch.tensor([seq], device=device.device())
+                logits = forward_logits(model, ids, torch.ones_like(ids))[0, -1].float()
+                tok = int(logits.argmax())
+                mismatches += tok != int(res.responses[i, t])
+                max_lp = max(max_lp, abs(float(torch.log_softmax(logits, -1)[tok]) - float(res.rollout_log_probs[i, t])))
+                seq.append(tok)
+    emit({"check": "greedy_vs_full_recompute", "decode": decode, "attn": attn, "fused": eng.runner.weights is not None,
+          "rows": len(prompts), "graphs": len(eng.runner.graphs or []), "tokens": int(res.response_mask.sum()),
+          "mismatches": mismatches, "max_logprob_diff": max_lp, "ok": mismatches == 0 and max_lp < 1e-4})
+
+
+def profile(model, shape, batch, prompt_len, attn, kv_len, decode) -> None:
     """Kernel times of eager decode steps, and the step time of eager vs graph replay."""
     from tandem.generation.engine import GenerationEngine
     from tandem.generation.sampling import SamplingParams
 
     prompts = torch.randint(0, shape.vocab_size, (batch, prompt_len)).tolist()
     eng = GenerationEngine(model, pad_id=0, eos_id=-1, vocab_size=shape.vocab_size, max_batch_size=batch,
-                           decode_attention=attn)
-    eng.generate(prompts, SamplingParams(max_new_tokens=kv_len - prompt_len, seed=1))
+                           decode_attention=attn, **decode_kw(decode))
+    # the first call compiles (fused) and captures the graphs of this batch size
+    setup = timed(lambda: eng.generate(prompts, SamplingParams(max_new_tokens=kv_len - prompt_len, seed=1)))
     r = eng.runner
 
     def step():  # the window index restarts each step: the window buffers never overflow
@@ -163,20 +189,21 @@ def profile(model, shape, batch, prompt_len, attn, kv_len) -> None:
             for _ in range(5):
                 step()
             device.synchronize()
-    emit({"profile": shape.hidden_size, "batch": batch, "attn": attn, "kv_len": kv_len,
-          "eager_step_ms": eager * 1e3, "graph_step_ms": graph * 1e3})
+    emit({"profile": shape.hidden_size, "decode": decode, "batch": batch, "attn": attn, "kv_len": kv_len,
+          "first_generate_s": setup, "eager_step_ms": eager * 1e3, "graph_step_ms": graph * 1e3})
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18,
                                     max_name_column_width=70), flush=True)
 
 
-def bench_engine(model, shape, batch, prompt_len, new_tokens, rate, sync_every, attn="sdpa"):
+def bench_engine(model, shape, batch, prompt_len, new_tokens, rate, sync_every, attn="sdpa", decode="fused"):
     from tandem.generation.engine import GenerationEngine
     from tandem.generation.sampling import SamplingParams
 
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, shape.vocab_size, (batch, prompt_len), generator=g).tolist()
     eng = GenerationEngine(model, pad_id=0, eos_id=-1, vocab_size=shape.vocab_size,
-                           max_batch_size=batch, sync_every=sync_every, decode_attention=attn)
+                           max_batch_size=batch, sync_every=sync_every, decode_attention=attn,
+                           **decode_kw(decode))
     full = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, seed=1)
     prefill = SamplingParams(max_new_tokens=1, temperature=1.0, seed=1)
     t_warm = timed(lambda: eng.generate(prompts, full))  # includes graph capture
@@ -186,8 +213,10 @@ def bench_engine(model, shape, batch, prompt_len, new_tokens, rate, sync_every, 
     context = prompt_len + new_tokens / 2  # mean attended length over the decode
     step_bytes = bytes_per_step(model, shape, batch, context)
     bound_tps = batch / (step_bytes / rate)
-    return {"attn": attn, "engine_decode_tok_s": decode_tps, "engine_e2e_tok_s": batch * new_tokens / t_full,
+    return {"decode": decode, "fused": eng.runner.weights is not None, "attn": attn,
+            "engine_decode_tok_s": decode_tps, "engine_e2e_tok_s": batch * new_tokens / t_full,
             "prefill_s": t_prefill, "generate_s": t_full, "first_run_s": t_warm,
+            "compile_and_capture_s": t_warm - t_full,
             "graphs": len(eng.runner.graphs or []), "bytes_per_step_GB": step_bytes / 1e9,
             "bound_tok_s": bound_tps, "fraction_of_bound": decode_tps / bound_tps,
             "step_ms": 1e3 * (t_full - t_prefill) / (new_tokens - 1)}
@@ -225,7 +254,10 @@ def main():
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--sync-every", type=int, default=16)
     ap.add_argument("--attn", default="sdpa", help="decode attention variants to run: sdpa,matmul")
-    ap.add_argument("--profile", action="store_true", help="kernel table of decode steps per variant")
+    ap.add_argument("--decode", default="modules,fused", help="decode paths to run: modules,fused,fused-eager")
+    ap.add_argument("--runs", default=None, help="decode:attn pairs instead of --decode x --attn, "
+                    "e.g. modules:sdpa,fused:sdpa,fused:matmul")
+    ap.add_argument("--profile", action="store_true", help="kernel table of decode steps (the last run)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run")
     args = ap.parse_args()
     if args.tiny:
@@ -240,21 +272,24 @@ def main():
     name = torch.cuda.get_device_name() if device.has_cuda() else "cpu"
     rate = copy_rate()
     emit({"device": name, "torch": torch.__version__, "copy_rate_GBps": rate / 1e9})
+    runs = [tuple(r.split(":")) for r in args.runs.split(",")] if args.runs else \
+        [(d, a) for a in args.attn.split(",") for d in args.decode.split(",")]
     if args.check:
-        check()
+        check(runs)
     dtype = torch.bfloat16 if device.has_cuda() else torch.float32
     batches = [int(b) for b in args.batches.split(",")]
     for shape_name in args.shapes.split(","):
         shape = SHAPES[shape_name]
         model = build(shape, dtype)
         if args.profile and device.has_cuda():
-            for attn in args.attn.split(","):
-                profile(model, shape, batches[-1], args.prompt, attn, args.prompt + args.new // 2)
+            decode, attn = runs[-1]
+            profile(model, shape, batches[-1], args.prompt, attn, args.prompt + args.new // 2, decode)
         hf = {} if args.no_hf else bench_hf(model, shape, batches, args.prompt, args.hf_new)
         for batch in batches:
-            for attn in args.attn.split(","):
+            for decode, attn in runs:
                 rec = {"shape": shape_name, "batch": batch, "prompt": args.prompt, "new": args.new,
-                       **bench_engine(model, shape, batch, args.prompt, args.new, rate, args.sync_every, attn)}
+                       **bench_engine(model, shape, batch, args.prompt, args.new, rate, args.sync_every, attn,
+                                      decode)}
                 if batch in hf:
                     rec["hf_generate_tok_s"] = hf[batch]
                     rec["hf_new_tokens"] = args.hf_new

@@ -156,6 +156,7 @@ async def ppo_step(roles: Roles, prompts: DataProto | Callable[[int], DataProto]
             reward_baselines=gen.tensors.get("reward_baselines"),
             gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
 
+    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], old["old_log_probs"], mask))
     train = seq.union(old.select(tensor_keys=["old_log_probs"]))
     train.tensors["advantages"] = advantages.float()
     if a.actor.use_kl_loss:

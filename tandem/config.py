@@ -43,7 +43,7 @@ class OptimConfig:
 @dataclass
 class MegatronConfig:
     tensor_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1  # > 1 needs GPUs (megatron-core's pipeline schedules)
+    pipeline_model_parallel_size: int = 1  # megatron-core's pipeline schedules (gloo p2p on CPU)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
     sequence_parallel: bool = False  # split norms/activations along the sequence over TP (needs TP > 1)
     dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
@@ -370,14 +370,10 @@ def _validate_parallel(cfg: TandemConfig) -> None:
     rollout_world = cfg.services.rollout.world_size
     _check(rollout_world >= 1, "services.rollout.world_size", "must be >= 1")
     a = cfg.actor_rollout_ref
-    _check(a.rollout.mode == "colocated" or a.actor.megatron.tensor_model_parallel_size == 1,
-           "actor_rollout_ref.rollout.mode",
-           "standalone rollout needs actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1 "
-           "(weights are sent unsharded; resharding on export is not available yet)")
     _check(a.actor.megatron.pipeline_model_parallel_size == 1,
            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
            "a run needs 1: generation at PP > 1 is not available yet (the actor's update and "
-           "log-prob paths run at PP > 1 on GPUs: bench/actor_parallel.py)")
+           "log-prob paths run at PP > 1: bench/actor_parallel.py, tests/multirank)")
     _check(cfg.trainer.resume_mode in ("disable", "auto", "resume_path"), "trainer.resume_mode",
            f"{cfg.trainer.resume_mode!r}; known: ['auto', 'disable', 'resume_path']")
     _check(cfg.trainer.resume_mode != "resume_path" or bool(cfg.trainer.resume_from_path),

@@ -82,9 +82,9 @@ class ActorFront:
         self.group.run_all("actor", "set_reference")
 
     def export_weights(self):
-        if self.cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size > 1:
-            raise ValueError("export_weights: the actor runs at TP > 1; weight export to a "
-                             "standalone rollout needs TP = 1 for now")
+        """Full weights in the TP=1 layout (gathered over TP when the actor is sharded)."""
+        if self.cfg.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size > 1:
+            raise ValueError("export_weights: the actor runs at PP > 1; weight export needs PP = 1")
         return self.group.run_all("actor", "export_weights")[0]
 
     def export_hf(self, out_dir: str) -> str:

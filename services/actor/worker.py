@@ -103,7 +103,15 @@ class ActorWorker:
 
     # ---- weights and checkpoints ------------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().cpu() for k, v in checkpoint.model_weights(self.policy).items()}
+        """The policy in the TP=1 layout (what a standalone rollout at TP=1 loads); at TP > 1
+        every TP rank takes part in the gather."""
+        if self.actor_cfg.megatron.tensor_model_parallel_size == 1:
+            weights = checkpoint.model_weights(self.policy)
+        else:
+            from tandem.dist.reshard import tp1_weights
+
+            weights = tp1_weights(self.policy, self.shape)
+        return {k: v.detach().cpu() for k, v in weights.items()}
 
     def export_hf(self, out_dir: str, tokenizer_dir: str | None) -> str:
         """The policy as a Hugging Face checkpoint (TP shards gathered; TP rank 0 of DP rank 0 writes)."""

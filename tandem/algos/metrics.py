@@ -111,6 +111,10 @@ PERF_MFU_ACTOR = _define("perf/mfu/actor", "actor update model-FLOPs utilisation
 TRAINING_GLOBAL_STEP = _define("training/global_step", "number of completed training steps")
 TRAINING_EPOCH = _define("training/epoch", "index of the current pass over the training data")
 VAL_ACCURACY = _define("val/accuracy", "mean validation score (fraction correct for 0/1 rewards)")
+TRAINING_ROLLOUT_PROBS_DIFF_MAX = _define(
+    "training/rollout_probs_diff_max", "max over response tokens of |p_rollout - p_actor| (token probabilities)")
+TRAINING_ROLLOUT_PROBS_DIFF_MEAN = _define("training/rollout_probs_diff_mean", "mean of the same")
+TRAINING_ROLLOUT_PROBS_DIFF_STD = _define("training/rollout_probs_diff_std", "standard deviation of the same")
 
 # ---- issue 4: TIS, DAPO, validation at N samples ---------------------------------
 ACTOR_TIS_IMP_RATIO_MEAN = _define(
@@ -224,3 +228,14 @@ def compute_data_metrics(
         if max_prompt_length is not None:
             metrics[PROMPT_LENGTH_CLIP_RATIO] = float((prompt_length >= max_prompt_length).to(torch.float64).mean())
     return metrics
+
+
+def rollout_probs_diff(rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor,
+                       mask: torch.Tensor) -> dict[str, float]:
+    """verl's engine-vs-trainer check: how far the rollout's token probabilities are from the
+    actor's recomputation of the same tokens (a stale or mis-synced rollout shows here)."""
+    diff = (rollout_log_probs.exp() - old_log_probs.exp()).abs()[mask.bool()]
+    if diff.numel() == 0:
+        return {}
+    return {TRAINING_ROLLOUT_PROBS_DIFF_MAX: float(diff.max()), TRAINING_ROLLOUT_PROBS_DIFF_MEAN: float(diff.mean()),
+            TRAINING_ROLLOUT_PROBS_DIFF_STD: float(diff.std()) if diff.numel() > 1 else 0.0}

@@ -1,4 +1,5 @@
-"""HF config.json <-> ModelShape for LlamaForCausalLM and Qwen2ForCausalLM.
+"""HF config.json <-> ModelShape for LlamaForCausalLM, Qwen2ForCausalLM and (moe_config.py)
+Qwen3MoeForCausalLM.
 
 Refuses (ValueError naming the field) anything the megatron local spec used here cannot
 express: other architectures, rope scaling, head_dim != hidden/heads, non-SiLU activations,
@@ -9,7 +10,8 @@ from __future__ import annotations
 
 from tandem.models.spec import ModelShape
 
-KNOWN_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+KNOWN_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+                       "Qwen3MoeForCausalLM": "qwen3_moe"}
 
 
 def _as_dict(config) -> dict:
@@ -48,6 +50,10 @@ def shape_from_hf_config(config) -> ModelShape:
     """dict or transformers.PretrainedConfig -> ModelShape."""
     c = _as_dict(config)
     arch = architecture_of(c)
+    if arch == "Qwen3MoeForCausalLM":
+        from tandem.convert.moe_config import qwen3_moe_shape
+
+        return qwen3_moe_shape(c, _refuse, _rope(c))
     hidden, heads = c["hidden_size"], c["num_attention_heads"]
     head_dim = c.get("head_dim")
     if head_dim is not None and head_dim * heads != hidden:
@@ -84,6 +90,11 @@ def hf_config_from_shape(shape: ModelShape, architecture: str, dtype: str = "flo
     """ModelShape -> a config.json dict that transformers loads as `architecture`."""
     if architecture not in KNOWN_ARCHITECTURES:
         _refuse("architecture", architecture, "cannot export")
+    if (architecture == "Qwen3MoeForCausalLM") != (shape.moe is not None):
+        _refuse("architecture", architecture, f"does not match the model (experts: {shape.moe is not None})")
+    own_head_dim = shape.kv_channels * shape.num_attention_heads != shape.hidden_size
+    if shape.moe is None and (shape.qk_layernorm or own_head_dim):
+        _refuse("architecture", architecture, "Llama/Qwen2 have no q/k norms and head_dim = hidden/heads")
     if architecture == "LlamaForCausalLM" and shape.attention_bias:
         _refuse("attention_bias", True, "Llama has no qkv-only bias; export as Qwen2ForCausalLM")
     if architecture == "Qwen2ForCausalLM" and not shape.attention_bias:
@@ -96,7 +107,7 @@ def hf_config_from_shape(shape: ModelShape, architecture: str, dtype: str = "flo
         "num_hidden_layers": shape.num_hidden_layers,
         "num_attention_heads": shape.num_attention_heads,
         "num_key_value_heads": shape.num_key_value_heads,
-        "head_dim": shape.hidden_size // shape.num_attention_heads,
+        "head_dim": shape.kv_channels,
         "intermediate_size": shape.intermediate_size,
         "max_position_embeddings": shape.max_position_embeddings,
         "rope_theta": shape.rope_theta,
@@ -109,6 +120,10 @@ def hf_config_from_shape(shape: ModelShape, architecture: str, dtype: str = "flo
     }
     if architecture == "LlamaForCausalLM":
         config.update(attention_bias=False, mlp_bias=False)
+    elif architecture == "Qwen3MoeForCausalLM":
+        from tandem.convert.moe_config import qwen3_moe_config
+
+        config.update(qwen3_moe_config(shape))
     else:
         config.update(use_sliding_window=False)
     return config

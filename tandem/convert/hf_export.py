@@ -4,6 +4,9 @@ Every TP rank must call `export_hf` (the gathers are collective, in table order)
 rank 0 (of data-parallel rank 0) writes out_dir: model.safetensors, config.json and, if
 given, the files of a tokenizer directory. Tensors keep the model's dtype, so
 HF -> megatron -> HF at the same dtype is bit-exact. Not handled: pp > 1, scalar heads.
+MoE: expert weights are gathered over the expert-tensor-parallel group, then every expert-
+parallel rank's experts over the EP group (rank r's table entry j is entry j of every other
+rank's table, for experts r * E/ep + i), so all EP ranks must call it too.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import torch
 
 from tandem.convert.hf_config import hf_config_from_shape
 from tandem.convert.mapping import Direct, expand_mappings
+from tandem.convert.moe_mapping import expert_ranks
 
 
 def _default_tp_group():
@@ -23,6 +27,16 @@ def _default_tp_group():
     if torch.distributed.is_initialized() and parallel_state.model_parallel_is_initialized():
         return parallel_state.get_tensor_model_parallel_group()
     return None
+
+
+def _expert_groups(ep_size: int):
+    """(expert-tensor-parallel group, expert-parallel group), None where there is no such split."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return None, None
+    return (parallel_state.get_expert_tensor_parallel_group(),
+            parallel_state.get_expert_model_parallel_group() if ep_size > 1 else None)
 
 
 def _is_writer(tp_group) -> bool:
@@ -54,11 +68,19 @@ def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
     config = hf_config_from_shape(shape, architecture, dtype=str(dtype).removeprefix("torch."))
     tensors: dict[str, torch.Tensor] = {}
     writer = _is_writer(tp_group)
-    for m in expand_mappings(shape):
+    ep_rank, ep_size, _, _ = expert_ranks()
+    etp_group, ep_group = _expert_groups(ep_size)
+    tables = [expand_mappings(shape, r, ep_size) for r in range(ep_size)]
+    for j, m in enumerate(tables[ep_rank]):
         local = params[m.megatron].detach()
         replicated = isinstance(m, Direct) and m.split_dim is None
-        shards = [local] if replicated else _gather(local, tp_group)
-        if writer:
+        shards = [local] if replicated else _gather(local, etp_group if m.group == "etp" else tp_group)
+        if m.group == "etp" and ep_size > 1:
+            full = m.unshard(shards)
+            for k, name in enumerate(m.hf_names):
+                for r, t in enumerate(_gather(full[name], ep_group)):
+                    tensors[tables[r][j].hf_names[k]] = t.cpu().contiguous()
+        elif writer:
             tensors.update({k: v.cpu().contiguous() for k, v in m.unshard(shards).items()})
     if not writer:
         return None

@@ -7,6 +7,8 @@ fused mapping (q/k/v, gate/up) are held only until the last part arrives.
 
 Skipped on purpose: rotary `inv_freq` buffers (recomputed) and, for tied embeddings, an
 `lm_head.weight` some checkpoints store anyway (megatron reuses the embedding).
+MoE (Qwen3-MoE): each expert-parallel rank loads only its experts (moe_mapping.py), split over
+the expert-tensor-parallel group; the other ranks' expert keys are skipped, not unexpected.
 Vocab: the HF vocab must be divisible by tp (megatron's vocab-parallel layers assume it);
 otherwise loading is refused with the numbers -- no silent row padding.
 Not handled: pipeline parallelism (pp > 1), scalar-head (critic) models.
@@ -19,6 +21,7 @@ import os
 import torch
 
 from tandem.convert.mapping import IGNORED_HF, expand_mappings
+from tandem.convert.moe_mapping import expert_ranks, other_ranks_hf_names
 
 
 def hf_safetensors_files(hf_dir: str) -> list[str]:
@@ -44,11 +47,14 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
     """Copy the HF checkpoint in `hf_dir` into `model` (this TP rank's shards).
 
     Returns the set of megatron parameter names loaded (all of them, or it raises).
+    Expert-parallel ranks come from megatron's parallel_state.
     """
     from safetensors import safe_open
 
     _check_parallel(shape, tp_size)
-    mappings = expand_mappings(shape)
+    ep_rank, ep_size, etp_rank, etp_size = expert_ranks()
+    mappings = expand_mappings(shape, ep_rank, ep_size)
+    elsewhere = other_ranks_hf_names(shape, ep_rank, ep_size)
     by_hf = {name: m for m in mappings for name in m.hf_names}
     params = dict(model.named_parameters())
     unknown_megatron = sorted(m.megatron for m in mappings if m.megatron not in params)
@@ -66,6 +72,9 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
                     continue
                 if key == "lm_head.weight" and shape.tie_word_embeddings:
                     continue
+                if key in elsewhere:
+                    seen_hf.add(key)
+                    continue
                 m = by_hf.get(key)
                 if m is None:
                     unexpected.append(key)
@@ -79,16 +88,17 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
                     continue
                 del pending[m.megatron]
                 param = params[m.megatron]
-                shard = m.shard(parts, tp_rank, tp_size)
+                rank, size = (etp_rank, etp_size) if m.group == "etp" else (tp_rank, tp_size)
+                shard = m.shard(parts, rank, size)
                 if shard.shape != param.shape:
                     raise ValueError(f"{m.megatron}: HF {list(m.hf_names)} give shape {tuple(shard.shape)} "
-                                     f"at tp_rank={tp_rank}/{tp_size}, the model has {tuple(param.shape)}")
+                                     f"at {m.group}_rank={rank}/{size}, the model has {tuple(param.shape)}")
                 with torch.no_grad():
                     param.copy_(shard)
                 loaded.add(m.megatron)
     if unexpected:
         raise ValueError(f"unexpected HF keys in {hf_dir}: {sorted(unexpected)}")
-    missing_hf = sorted(set(by_hf) - seen_hf)
+    missing_hf = sorted((set(by_hf) | elsewhere) - seen_hf)
     if missing_hf:
         raise ValueError(f"HF keys missing from {hf_dir}: {missing_hf}")
     unloaded = sorted(set(params) - loaded)

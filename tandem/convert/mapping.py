@@ -13,6 +13,8 @@ One table (`llama_family_mappings`) lists every parameter of a Llama/Qwen2 decod
 
 `shard(hf, tp_rank, tp_size)` builds this rank's megatron tensor from full HF tensors;
 `unshard(shards)` takes every rank's megatron shard (rank order) and returns full HF tensors.
+`group` names the ranks a tensor is split over: "tp", or "etp" for routed experts (megatron's
+expert-tensor-parallel group; each expert lives on one expert-parallel rank, moe_mapping.py).
 Pipeline parallelism is out of scope here (layer numbers are global = local at pp=1).
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ class Direct:
     megatron: str
     hf: str
     split_dim: int | None = None  # None: replicated on every TP rank
+    group: str = "tp"
 
     @property
     def hf_names(self) -> tuple[str, ...]:
@@ -63,6 +66,7 @@ class QKV:
     num_heads: int
     num_groups: int
     head_dim: int
+    group: str = "tp"
 
     @property
     def hf_names(self) -> tuple[str, ...]:
@@ -96,6 +100,7 @@ class GatedMLP:
     megatron: str
     gate: str
     up: str
+    group: str = "tp"
 
     @property
     def hf_names(self) -> tuple[str, ...]:
@@ -119,7 +124,7 @@ IGNORED_HF = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq")
 
 def llama_family_mappings(shape) -> list[Mapping]:
     """The table for Llama / Qwen2 (megatron local spec names), with `{layer}` wildcards."""
-    d = shape.hidden_size // shape.num_attention_heads
+    d = shape.kv_channels
     attn = dict(num_heads=shape.num_attention_heads, num_groups=shape.num_key_value_heads, head_dim=d)
     hl, ml = "model.layers.{layer}.", "decoder.layers.{layer}."
     table: list[Mapping] = [
@@ -147,8 +152,13 @@ def _expand(m: Mapping, layer: int) -> Mapping:
     return type(m)(**fields)
 
 
-def expand_mappings(shape) -> list[Mapping]:
-    """Every concrete mapping for `shape.num_hidden_layers` layers (table order, layer-major)."""
+def expand_mappings(shape, ep_rank: int = 0, ep_size: int = 1) -> list[Mapping]:
+    """Every concrete mapping for `shape.num_hidden_layers` layers (table order, layer-major);
+    for a MoE shape only the experts that expert-parallel rank `ep_rank` holds."""
+    if shape.moe is not None:
+        from tandem.convert.moe_mapping import moe_mappings
+
+        return moe_mappings(shape, ep_rank, ep_size)
     out: list[Mapping] = []
     for m in llama_family_mappings(shape):
         if LAYER in m.megatron:

@@ -78,6 +78,7 @@ def install_cpu_compat() -> None:
     torch.cuda.empty_cache = lambda: None
     _patch_rng_tracker()
     _patch_hard_coded_cuda()
+    _patch_moe_alltoall()
 
 
 # megatron-core modules that create small tensors with a literal device="cuda"
@@ -87,7 +88,8 @@ _CUDA_LITERAL_MODULES = (
     "megatron.core.optimizer.clip_grads",
     "megatron.core.utils",  # local multi-tensor fallbacks (no Apex / Transformer Engine)
     "megatron.core.distributed.param_and_grad_buffer",
-    "megatron.core.pipeline_parallel.schedules",  # PP = 1 schedule; PP > 1 stays GPU-only
+    "megatron.core.pipeline_parallel.schedules",
+    "megatron.core.pipeline_parallel.p2p_communication",  # PP > 1: shapes and activations over gloo
     "megatron.core.dist_checkpointing.exchange_utils",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
 )
@@ -131,6 +133,44 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
     clip_coeff = max_norm / (total_norm + 1.0e-6)
     if clip_coeff < 1.0 and grads:
         torch._foreach_mul_(grads, clip_coeff)
+
+
+class _CpuStream:
+    """The one CPU "stream" (a class: transformers annotates with `torch.cuda.Stream | None`):
+    work is already ordered, so waits and events are no-ops."""
+    _one = None
+
+    def __new__(cls, *args, **kwargs):
+        if cls._one is None:
+            cls._one = super().__new__(cls)
+        return cls._one
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def record_event(self, event=None):
+        return self
+
+    def synchronize(self):
+        pass
+
+
+def _patch_moe_alltoall() -> None:
+    """megatron's MoE alltoall token dispatcher copies split sizes to the host (as numpy, which
+    all_to_all_single takes) on a side stream. On CPU the side stream is the current one, and
+    the sizes, already host tensors, still become numpy."""
+    torch.cuda.Stream = _CpuStream
+    torch.cuda.current_stream = _CpuStream
+    torch.cuda.stream = lambda *a, **k: contextlib.nullcontext()
+    from megatron.core.transformer.moe import token_dispatcher
+
+    def to_host(tensor, as_numpy=False, record_stream=False):
+        return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_host
 
 
 def _patch_rng_tracker() -> None:

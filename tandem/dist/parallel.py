@@ -19,6 +19,7 @@ from tandem.dist import device
 class ParallelConfig:
     tp: int = 1
     pp: int = 1
+    ep: int = 1  # expert parallel (MoE): experts split over ep ranks; expert TP = tp (megatron's default)
 
     def dp(self, world_size: int) -> int:
         return world_size // (self.tp * self.pp)
@@ -33,9 +34,9 @@ class ParallelConfig:
             problems.append(f"num_attention_heads={num_heads} is not divisible by tp={self.tp}")
         if num_query_groups % self.tp:
             problems.append(f"num_query_groups={num_query_groups} is not divisible by tp={self.tp}")
-        if self.pp > 1 and not device.has_cuda():
-            problems.append(f"pipeline_model_parallel_size={self.pp}: pipeline parallelism needs GPUs "
-                            "(megatron-core's schedules hard-code CUDA)")
+        if self.ep < 1 or world_size % (self.ep * self.tp * self.pp):
+            problems.append(f"expert_model_parallel_size={self.ep}: world size {world_size} is not divisible "
+                            f"by ep x tp x pp = {self.ep} x {self.tp} x {self.pp}")
         if problems:
             raise ValueError("invalid parallel layout: " + "; ".join(problems))
 
@@ -52,5 +53,6 @@ def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
             backend=device.backend(), init_method=init_method, rank=rank,
             world_size=world_size, timeout=datetime.timedelta(minutes=30))
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp)
+        tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
+        expert_model_parallel_size=parallel.ep)
     device.manual_seed(seed)

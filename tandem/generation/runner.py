@@ -13,6 +13,11 @@ records each step's token / log-prob / row / position in window buffers; after t
 window they are scattered into the request's outputs by row, and the alive flags are
 read back once (the only host sync of the window).
 
+With `fused=True` (default on GPUs, TP = 1) decode runs the same math on the layers'
+weights through `fused_step.py` instead of the modules: fewer, larger kernels, compiled
+by torch.compile when `compile=True`, then captured in the same CUDA graphs. Prefill
+always runs the modules.
+
 Not here: planning (scheduler.py), padding/result assembly (engine.py), pipeline
 parallelism, CUDA graphs with TP > 1 (TP > 1 runs the same step eagerly).
 """
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from tandem.generation.fused_step import DecodeFns, DecodeWeights
 from tandem.generation.graphs import DecodeGraphs
 from tandem.generation.kv_cache import KVCache
 from tandem.generation.sampling import SamplingParams, sample_rows
@@ -41,7 +47,8 @@ class Request:
 
 class ModelRunner:
     def __init__(self, model, *, device: torch.device, use_graphs: bool, window: int,
-                 prefill_tokens: int = 32768, decode_attention: str = "sdpa"):
+                 prefill_tokens: int = 32768, decode_attention: str = "sdpa",
+                 fused: bool = False, compile: bool = False):
         from megatron.core import parallel_state
 
         if not (model.pre_process and model.post_process):
@@ -63,6 +70,9 @@ class ModelRunner:
         self.dtype = att.linear_qkv.weight.dtype
         tp = parallel_state.get_tensor_model_parallel_world_size()
         self.graphs = DecodeGraphs() if use_graphs and tp == 1 else None
+        self.fused = fused and tp == 1
+        self.fns = DecodeFns(compile) if self.fused else None
+        self.weights: DecodeWeights | None = None
         self.cache: KVCache | None = None
         self._weights_sig = None
 
@@ -79,6 +89,9 @@ class ModelRunner:
                                           self.head_dim, self.dtype, dev)
             s, w = num_slots, self.window
             self.freqs = self.model.rotary_pos_emb(max_len)  # [max_len, 1, 1, rot_dim] fp32
+            # megatron's RoPE: cos/sin of the fp32 angles, cast to the model dtype
+            self.cos = torch.cos(self.freqs).to(self.dtype).view(max_len, -1)
+            self.sin = torch.sin(self.freqs).to(self.dtype).view(max_len, -1)
             self.key_pos = torch.arange(max_len, device=dev)
             self.tok = torch.zeros(s, dtype=torch.long, device=dev)
             self.pos = torch.zeros(s, dtype=torch.long, device=dev)
@@ -97,6 +110,8 @@ class ModelRunner:
         if self.graphs is not None and sig != self._weights_sig:
             self.graphs.clear()  # a parameter was replaced: the graphs point at old memory
         self._weights_sig = sig
+        if self.fused:  # references to the current parameters (None: not a model fused_step handles)
+            self.weights = DecodeWeights.from_model(self.model)
         self.alive.zero_()
         self.row.fill_(-1)
         self.seed.fill_(request.seed & 0xFFFFFFFF)
@@ -208,28 +223,21 @@ class ModelRunner:
         device tensors only: safe to capture."""
         tok, pos, alive, row, step = (t[:b] for t in (self.tok, self.pos, self.alive, self.row, self.step))
         rope_pos = (pos + self.rope_off[:b]).clamp(max=self.cache.max_len - 1)
-        freqs = self.freqs[rope_pos].transpose(0, 1)  # [1, b, 1, rot_dim]
         allowed = (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
-        qpg = self.heads // self.groups
-
-        def attend(layer_idx, q, k, v):  # [1, b, heads, d], [1, b, groups, d] x 2
-            self.cache.write_decode(layer_idx, b, pos, k[0], v[0])
-            keys = self.cache.k[layer_idx, :b, :, :kv_len]  # [b, groups, kv_len, d]
-            values = self.cache.v[layer_idx, :b, :, :kv_len]
-            # a group's query heads become the query "sequence" of that KV head
-            qg = q[0].view(b, self.groups, qpg, self.head_dim)
-            if self.decode_attention == "sdpa":
-                out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=allowed, scale=self.scale)
-            else:  # two batched GEMVs: [b, g, qpg, d] x [b, g, d, kv_len] -> ... -> [b, g, qpg, d]
-                scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * self.scale
-                scores = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-                out = torch.matmul(scores.to(values.dtype), values)
-            return out.reshape(1, b, self.heads * self.head_dim)
-
-        h = self._trunk(tok[:, None], freqs, attend)  # [1, b, H]
-        logits = self._logits(h)  # [b, V]
         p = self.request.params
-        new_tok, logp = sample_rows(logits, p, self.seed, row.clamp(min=0) + p.row_offset, step)
+        draw_rows = row.clamp(min=0) + p.row_offset
+        if self.weights is not None:
+            new_tok, logp = self._fused_step(tok, rope_pos, pos, allowed, kv_len, draw_rows, step)
+        else:
+            freqs = self.freqs[rope_pos].transpose(0, 1)  # [1, b, 1, rot_dim]
+
+            def attend(layer_idx, q, k, v):  # [1, b, heads, d], [1, b, groups, d] x 2
+                qg = q[0].view(b, self.groups, self.heads // self.groups, self.head_dim)
+                out = self._attend(layer_idx, qg, k[0], v[0], pos, allowed, kv_len)
+                return out.reshape(1, b, self.heads * self.head_dim)
+
+            h = self._trunk(tok[:, None], freqs, attend)  # [1, b, H]
+            new_tok, logp = sample_rows(self._logits(h), p, self.seed, draw_rows, step)
         j = self.win_j
         self.win_tok[:, :b].index_copy_(0, j, new_tok[None])
         self.win_logp[:, :b].index_copy_(0, j, logp[None])
@@ -241,6 +249,36 @@ class ModelRunner:
         self.tok[:b] = new_tok
         self.pos[:b] = (pos + 1).clamp(max=self.cache.max_len - 1)
         self.win_j += 1
+
+    def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len) -> torch.Tensor:
+        """Write k, v [b, groups, d] at each slot's position, attend q [b, groups, qpg, d]
+        (a group's query heads are the query "sequence" of its KV head) over the first
+        kv_len cache positions -> [b, groups, qpg, d]."""
+        b = q.shape[0]
+        self.cache.write_decode(layer_idx, b, pos, k, v)
+        keys = self.cache.k[layer_idx, :b, :, :kv_len]  # [b, groups, kv_len, d]
+        values = self.cache.v[layer_idx, :b, :, :kv_len]
+        if self.decode_attention == "sdpa":
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, scale=self.scale)
+        # two batched GEMVs: [b, g, qpg, d] x [b, g, d, kv_len] -> ... -> [b, g, qpg, d]
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * self.scale
+        scores = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        return torch.matmul(scores.to(values.dtype), values)
+
+    def _fused_step(self, tok, rope_pos, pos, allowed, kv_len, rows, step):
+        """The decode trunk, head and sampler through fused_step's functions -> (tokens, log-probs)."""
+        w, f, p = self.weights, self.fns, self.request.params
+        cos, sin = self.cos[rope_pos], self.sin[rope_pos]  # [b, rot_dim]
+        h, x = f.embed_norm(tok, w.embedding, w.layers[0].norm1, w.eps)
+        qpg = self.heads // self.groups
+        for i, lw in enumerate(w.layers):
+            q, k, v = f.qkv_rope(x, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, w.eps,
+                                 self.groups, qpg, self.head_dim)
+            out = self._attend(i, q, k, v, pos, allowed, kv_len)
+            nxt = w.layers[i + 1].norm1 if i + 1 < len(w.layers) else w.final_norm
+            h, x = f.proj_mlp(out, h, lw.proj_w, lw.proj_b, lw.norm2, lw.fc1_w, lw.fc1_b, lw.fc2_w,
+                              lw.fc2_b, nxt, w.eps)
+        return f.head_sample(x, w.output, self.seed, rows, step, p.greedy, p.temperature, p.top_k, p.top_p)
 
     # ---- the model's modules -------------------------------------------------------------
 

@@ -160,21 +160,28 @@ def sample_rows(logits: torch.Tensor, params: SamplingParams, seed: torch.Tensor
     the randomness of each draw. Distribution: softmax(logits / T) restricted to top-k,
     then to the top-p nucleus of the renormalised survivors (filter_logits' rule).
     """
+    return sample_tokens(logits, params.greedy, params.temperature, params.top_k, params.top_p,
+                         seed, rows, steps)
+
+
+def sample_tokens(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int, top_p: float,
+                  seed: torch.Tensor, rows: torch.Tensor, steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_rows with the parameters as plain values (what torch.compile specializes on)."""
     logits = logits.float()
-    if params.greedy:
+    if greedy:
         tokens = logits.argmax(-1)
         z = logits
     else:
-        z = logits / params.temperature
+        z = logits / temperature
         u = counter_uniform(seed, rows, steps)
         vocab = z.shape[-1]
-        if params.top_k and params.top_k < vocab:
-            vals, idx = torch.topk(z, params.top_k, dim=-1)  # sorted, descending
-            probs = _nucleus(torch.softmax(vals, -1), params.top_p)
+        if top_k and top_k < vocab:
+            vals, idx = torch.topk(z, top_k, dim=-1)  # sorted, descending
+            probs = _nucleus(torch.softmax(vals, -1), top_p)
             tokens = idx.gather(-1, _inverse_cdf(probs, u)[:, None]).squeeze(-1)
-        elif params.top_p < 1.0:
+        elif top_p < 1.0:
             vals, idx = torch.sort(z, dim=-1, descending=True)
-            probs = _nucleus(torch.softmax(vals, -1), params.top_p)
+            probs = _nucleus(torch.softmax(vals, -1), top_p)
             tokens = idx.gather(-1, _inverse_cdf(probs, u)[:, None]).squeeze(-1)
         else:
             tokens = _inverse_cdf(torch.softmax(z, -1), u)

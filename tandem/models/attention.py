@@ -8,6 +8,11 @@ Mask convention is megatron's: `attention_mask` is a bool tensor broadcastable t
 [b, 1, sq, sk] where True means "do not attend". None means: causal when the mask type
 is causal and sq == sk (training, prefill without padding), else attend everywhere
 (single-token decode against a cache).
+
+Packed batches (megatron's THD format, tandem/models/packing.py): q, k, v come as
+[t, heads, d] with cu_seqlens; attention is causal within each sequence. On GPUs this is
+torch's varlen flash attention; elsewhere (or if that is missing) one causal SDPA per
+sequence.
 """
 from __future__ import annotations
 
@@ -44,8 +49,12 @@ class SDPAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None,
                 attention_bias=None, packed_seq_params=None, **kwargs):
-        if packed_seq_params is not None or attention_bias is not None:
-            raise ValueError("SDPAttention supports neither packed sequences nor attention bias")
+        if attention_bias is not None:
+            raise ValueError("SDPAttention does not support attention bias")
+        if packed_seq_params is not None:
+            if packed_seq_params.qkv_format != "thd":
+                raise ValueError(f"SDPAttention: packed format {packed_seq_params.qkv_format!r} (only 'thd')")
+            return self._packed(query, key, value, packed_seq_params)
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
         sq, sk = query.shape[0], key.shape[0]
         # [s, b, h, d] -> [b, h, s, d]
@@ -58,3 +67,49 @@ class SDPAttention(MegatronModule):
             enable_gqa=self.heads_per_partition != self.groups_per_partition)
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, out.shape[0], -1)
+
+    def _packed(self, q, k, v, params):
+        """[t, np, hn] x 3, causal within each sequence of cu_seqlens -> [t, np * hn]."""
+        gqa = self.heads_per_partition != self.groups_per_partition
+        if q.is_cuda and _varlen_attn is not None:
+            out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale, gqa)
+        else:
+            bounds = params.tandem_cu_seqlens_cpu.tolist()
+            out = torch.cat([
+                F.scaled_dot_product_attention(
+                    *(t[a:b].transpose(0, 1)[None] for t in (q, k, v)), is_causal=True,
+                    scale=self.softmax_scale, enable_gqa=gqa)[0].transpose(0, 1)
+                for a, b in zip(bounds[:-1], bounds[1:])])
+        return out.reshape(out.shape[0], -1)
+
+
+def _load_varlen():
+    """torch's varlen flash attention (torch >= 2.10), adapted to its signature of the day."""
+    try:
+        import inspect
+
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    names = inspect.signature(varlen_attn).parameters
+
+    def call(q, k, v, cu, max_len, scale, gqa):
+        kwargs = {}
+        if gqa and "enable_gqa" not in names:  # older signature: expand the key/value heads
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        elif gqa:
+            kwargs["enable_gqa"] = True
+        if "scale" in names:
+            kwargs["scale"] = scale
+        else:  # its fixed scale is 1/sqrt(d)
+            q = q * (scale * math.sqrt(q.shape[-1]))
+        if "is_causal" in names:
+            kwargs["is_causal"] = True
+        else:
+            kwargs["window_size"] = (-1, 0)
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+    return call
+
+
+_varlen_attn = _load_varlen()

@@ -21,32 +21,51 @@ class ScalarHead(torch.nn.Linear):
         return super().forward(hidden), None
 
 
-def layer_spec():
-    """megatron's local layer spec (SwiGLU MLP) with SDPA core attention and an RMSNorm that
-    supports sequence parallelism."""
+def layer_spec(moe: bool = False, qk_layernorm: bool = False):
+    """megatron's local layer spec (SwiGLU MLP, or a MoE layer of SwiGLU experts) with SDPA core
+    attention and an RMSNorm that supports sequence parallelism (also for Qwen3's q/k norms)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from tandem.models.attention import SDPAttention
     from tandem.models.norm import RMSNorm
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
-    spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    # moe_grouped_gemm=False: SequentialMLP, one local expert module each (names stay per expert).
+    spec = get_gpt_layer_local_spec(num_experts=1 if moe else None, moe_grouped_gemm=False,
+                                    qk_layernorm=qk_layernorm, normalization="RMSNorm")
+    attention = spec.submodules.self_attention.submodules
+    attention.core_attention = SDPAttention
+    if qk_layernorm:
+        attention.q_layernorm = RMSNorm
+        attention.k_layernorm = RMSNorm
     spec.submodules.input_layernorm = RMSNorm
     spec.submodules.pre_mlp_layernorm = RMSNorm
     return spec
 
 
-def block_spec(config):
-    """This pipeline stage's layers plus the final norm (ours, for sequence parallelism)."""
+def block_spec(config, shape: ModelShape):
+    """This pipeline stage's layers (dense or MoE per global layer index) plus the final norm."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from tandem.models.norm import RMSNorm
 
-    return TransformerBlockSubmodules(layer_specs=[layer_spec()] * get_num_layers_to_build(config),
-                                      layer_norm=RMSNorm)
+    moe_layers = set(shape.moe.moe_layers) if shape.moe else set()
+    offset = get_transformer_layer_offset(config)
+    specs = [layer_spec(moe=offset + i in moe_layers, qk_layernorm=shape.qk_layernorm)
+             for i in range(get_num_layers_to_build(config))]
+    return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)
 
 
-def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int = 1,
+def _moe_without_te() -> None:
+    """megatron-core 0.16 leaves moe_utils.te_general_gemm undefined without Transformer Engine
+    (the router's gating linear then raises NameError); 0.19 sets it to None, as done here."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int = 1, ep: int = 1,
                     params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
     """A megatron-core GPTModel on this rank's device. head: "lm" or "scalar"."""
     from megatron.core import parallel_state
@@ -54,11 +73,16 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
 
     if head not in ("lm", "scalar"):
         raise ValueError(f"head must be 'lm' or 'scalar', got {head!r}")
-    config = transformer_config(shape, tp=tp, pp=pp, params_dtype=params_dtype,
+    if shape.moe is not None:
+        _moe_without_te()
+    if parallel_state.get_expert_model_parallel_world_size() != ep:
+        raise ValueError(f"ep={ep} but megatron's expert-parallel group has "
+                         f"{parallel_state.get_expert_model_parallel_world_size()} ranks (ParallelConfig.ep)")
+    config = transformer_config(shape, tp=tp, pp=pp, ep=ep, params_dtype=params_dtype,
                                 sequence_parallel=sequence_parallel and tp > 1)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(config),
+        transformer_layer_spec=block_spec(config, shape),
         vocab_size=shape.vocab_size,
         max_sequence_length=shape.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -29,7 +29,7 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     With sequence parallelism the sequence is split over TP ranks, so T is right-padded to
     a multiple of TP (padding is masked out and cut off again)."""
     t = input_ids.shape[1]
-    split = _sequence_split(model)
+    split = sequence_split(model)
     extra = (split - t % split) % split
     if extra:
         input_ids = torch.nn.functional.pad(input_ids, (0, extra))
@@ -43,12 +43,16 @@ def forward_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor)
     return out
 
 
-def _sequence_split(model) -> int:
+def sequence_split(model) -> int:
+    """What sequence lengths must be a multiple of: TP with sequence parallelism, else 1."""
     config = getattr(model, "config", None) or getattr(getattr(model, "module", None), "config", None)
     return config.tensor_model_parallel_size if config is not None and config.sequence_parallel else 1
 
 
-def response_slice(full: torch.Tensor, response_length: int) -> torch.Tensor:
-    """Outputs that predict the response tokens: positions T-R-1 .. T-2 of a [B, T, ...] tensor."""
+def response_slice(full, response_length: int) -> torch.Tensor:
+    """Outputs that predict the response tokens: positions T-R-1 .. T-2 of a [B, T, ...]
+    tensor or a PackedOutput."""
+    from tandem.models.packing import take_positions
+
     t = full.shape[1]
-    return full[:, t - response_length - 1: t - 1]
+    return take_positions(full, t - response_length - 1, response_length)

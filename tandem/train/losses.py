@@ -13,6 +13,7 @@ from tandem.config import ActorConfig, CriticConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.forward import response_slice
+from tandem.models.packing import take_positions
 from tandem.models.logprobs import entropy_from_logits, gather_vocab, log_probs_from_logits
 
 
@@ -29,7 +30,7 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> int:
     return int(mask.bool().any(dim=-1).sum())  # seq-mean modes leave out rows with no token
 
 
-def response_log_probs(output: torch.Tensor, mb: DataProto, temperature: float, with_entropy: bool):
+def response_log_probs(output, mb: DataProto, temperature: float, with_entropy: bool):
     """Model output [B, T, V/tp] -> (log_probs [B, R], entropy [B, R] or None) of the response."""
     responses = mb["responses"].to(output.device)
     logits = response_slice(output, responses.shape[1])
@@ -83,7 +84,7 @@ def sft_loss(output: torch.Tensor, mb: DataProto):
     dev = output.device
     input_ids = mb["input_ids"].to(dev)
     loss_mask = mb["loss_mask"].to(dev).float()[:, 1:]
-    logits = output[:, :-1]
+    logits = take_positions(output, 0, output.shape[1] - 1)
     log_probs = log_probs_from_logits(logits, input_ids[:, 1:])
     nll = -aggregate.masked_mean(log_probs, loss_mask)
     correct = (gather_vocab(logits.detach()).argmax(-1) == input_ids[:, 1:]).float()

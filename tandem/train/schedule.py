@@ -1,7 +1,9 @@
 """Micro-batches through megatron-core's forward/backward schedule (any PP size).
 
+Each micro-batch runs packed, without padding (tandem/models/packing.py).
 `loss_fn(output, mb) -> (loss, units, metrics)` gets the model output of the last
-pipeline stage (logits, or values for a scalar head): `loss` is the micro-batch's mean
+pipeline stage (logits, or values for a scalar head) as a PackedOutput, read in the
+padded layout through tandem.models.packing.take_positions: `loss` is the micro-batch's mean
 over its `units` (tokens or rows, per the loss_agg_mode). The schedule backpropagates
 loss x units; finalize_model_grads sums units over micro-batches and DP ranks and
 divides the gradients by it, so the mini-batch's gradient is exact at any split.
@@ -14,7 +16,8 @@ from typing import Callable
 import torch
 
 from tandem.data.batch import DataProto
-from tandem.models.forward import forward_logits
+from tandem.models.forward import sequence_split
+from tandem.models.packing import PackedOutput, Packing, packed_rope
 
 
 def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
@@ -26,23 +29,24 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     from tandem.dist import device
 
     dev = device.device()
-    it = iter(micro_batches)
+
+    packings = [Packing(mb["attention_mask"], multiple=sequence_split(model)) for mb in micro_batches]
+    it = iter(zip(micro_batches, packings))
 
     def forward_step(data_iterator, model):
-        mb = next(data_iterator)
-        output = forward_logits(model, mb["input_ids"].to(dev), mb["attention_mask"].to(dev))
+        mb, packing = next(data_iterator)
+        with packed_rope(model, packing, dev):
+            output = model(packing.pack(mb["input_ids"]).to(dev), None, None, packed_seq_params=packing.params(dev))
 
         def loss_func(output_tensor):
-            loss, units, metrics = loss_fn(output_tensor, mb)
+            loss, units, metrics = loss_fn(PackedOutput(output_tensor, packing), mb)
             weighted = {k: (v * units if isinstance(v, float) else v) for k, v in metrics.items()}
             weighted["units"] = units
             return loss * units, torch.tensor(units, dtype=torch.int, device=dev), weighted
 
         return output, loss_func
 
-    longest = max(mb["input_ids"].shape[1] for mb in micro_batches)
-    widest = max(len(mb) for mb in micro_batches)
     return get_forward_backward_func()(
         forward_step_func=forward_step, data_iterator=it, model=model,
-        num_microbatches=len(micro_batches), seq_length=longest, micro_batch_size=widest,
+        num_microbatches=len(micro_batches), seq_length=max(p.total for p in packings), micro_batch_size=1,
         forward_only=forward_only)

@@ -32,6 +32,7 @@ def test_actor_tp2_sp_colocated(tmp_path):
         "actor_rollout_ref.actor.entropy_coeff=0.01"])  # a gradient even when every reward is equal
     assert len(pids["actor"]) == 2  # rank 0 (front door) and rank 1
     assert sorted(steps) == [1, 2] and all(m["actor/grad_norm"] > 0 for m in steps.values())
+    assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in steps.values())  # engine == trainer
     # the final checkpoint (saved at TP=2) exports on one rank as a Hugging Face model
     out = tmp_path / "hf"
     done = subprocess.run([sys.executable, "-m", "services.actor.export",
@@ -49,9 +50,15 @@ def test_actor_tp2_sp_colocated(tmp_path):
     assert bad.returncode == 2 and "checkpoint" in bad.stderr
 
 
-def test_ppo_dp2_everywhere(tmp_path):
-    pids, steps, _ = finished(tmp_path, "dp2", [
+def test_ppo_actor_tp2_standalone_rollout_dp2(tmp_path):
+    """The actor at TP=2 syncs its weights to a standalone rollout of 2 DP ranks at TP=1 after
+    every update (gathered to the TP=1 layout, tandem/dist/reshard.py); the critic runs at DP=2."""
+    pids, steps, _ = finished(tmp_path, "tp2_standalone", [
         "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone",
-        "services.actor.world_size=2", "services.critic.world_size=2", "services.rollout.world_size=2"])
+        "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "services.critic.world_size=2", "services.rollout.world_size=2"])
     assert {r: len(p) for r, p in pids.items()} == {"actor": 2, "critic": 2, "rollout": 2, "reward": 1}
     assert sorted(steps) == [1, 2] and all(m["critic/vf_loss"] >= 0 for m in steps.values())
+    # step 2 generated with the weights synced after step 1's update: the rollout's token
+    # probabilities match the actor's recomputation (a mis-laid-out sync gives ~0.1-1)
+    assert steps[2]["training/rollout_probs_diff_max"] < 1e-4

@@ -1,14 +1,16 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
-usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [LOAD_FROM]
+usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--sp]
+                             [--init-from CKPT] [--load-from CKPT]
 
 All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
 drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
-log-probs after, the new weights as a Hugging Face export, and a checkpoint. With
-LOAD_FROM it loads that checkpoint (saved at any layout) and only writes log-probs.
-Rank 0 writes OUT/result.pt. A failure raises (non-zero exit). An OUT directory whose
-name ends in "sp" turns sequence parallelism on; ACTOR_RANK_OVERRIDES (space-separated
-key=value) adds config overrides when running it by hand to compare other settings.
+log-probs after, the new weights as a Hugging Face export, and a checkpoint. Without
+--init-from it first saves its initial weights to OUT/init (a random init differs across
+pipeline stages, so PP layouts start from TP=1's). With --load-from it loads that
+checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
+A failure raises (non-zero exit). ACTOR_RANK_OVERRIDES (space-separated key=value) adds
+config overrides when running it by hand to compare other settings.
 """
 import os
 import sys
@@ -37,26 +39,46 @@ def fixed_batch(vocab: int, pad_id: int):
 
 
 def main() -> int:
-    rank, world, tp, rdzv, out, tok = (int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]),
-                                        sys.argv[4], sys.argv[5], sys.argv[6])
-    sp = os.path.basename(out).endswith("sp")  # the tp2sp layout: TP=2 with sequence parallelism
-    load_from = sys.argv[7] if len(sys.argv) > 7 else None
+    import argparse
+
+    p = argparse.ArgumentParser()
+    for name in ("rank", "world", "tp"):
+        p.add_argument(name, type=int)
+    for name in ("rdzv", "out", "tok"):
+        p.add_argument(name)
+    p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--sp", action="store_true")
+    p.add_argument("--init-from")
+    p.add_argument("--load-from")
+    a = p.parse_args()
+    rank, world, tp, pp, rdzv, out, tok, sp, load_from = (a.rank, a.world, a.tp, a.pp, a.rdzv, a.out, a.tok,
+                                                          a.sp, a.load_from)
     from services.actor.front import ActorFront
     from services.actor.worker import ActorWorker
     from tandem.config import load_config
     from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.dist.rank_group import RankGroup
 
-    cfg = load_config(None, [
+    overrides = [
         f"actor_rollout_ref.model.tokenizer_path={tok}", "actor_rollout_ref.model.init_std=0.1",
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}", f"services.actor.world_size={world}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
         f"actor_rollout_ref.actor.megatron.sequence_parallel={sp}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        "actor_rollout_ref.actor.entropy_coeff=0.01", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()])
-    init_distributed(ParallelConfig(tp=tp), rank, world, f"file://{rdzv}", seed=1)
+        "actor_rollout_ref.actor.entropy_coeff=0.01", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+    if pp == 1:
+        cfg = load_config(None, overrides)
+    else:  # the run-level check refuses PP > 1 (no generation at PP > 1); the actor alone runs it
+        from omegaconf import OmegaConf
+
+        from tandem.config import TandemConfig
+
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TandemConfig),
+                                                  OmegaConf.from_dotlist(overrides)))
+    init_distributed(ParallelConfig(tp=tp, pp=pp), rank, world, f"file://{rdzv}", seed=1)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok)
@@ -74,14 +96,23 @@ def main() -> int:
         if load_from:
             actor.load(load_from)
             result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+            if pp == 1:
+                actor.export_hf(os.path.join(out, "hf"))
+                result["weights"] = actor.export_weights()
         else:
+            if a.init_from:
+                actor.load(a.init_from)
+            else:
+                actor.save(os.path.join(out, "init"))
             old = actor.compute_log_prob(batch, calculate_entropy=True)
             train = batch.union(old)
             train.tensors["advantages"] = advantages
             result["before"] = old["old_log_probs"]
             result["metrics"] = actor.update_actor(train)
             result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
-            actor.export_hf(os.path.join(out, "hf"))
+            if pp == 1:  # (HF export gathers TP shards only; a PP run's weights are compared after a reload)
+                actor.export_hf(os.path.join(out, "hf"))
+                result["weights"] = actor.export_weights()  # the TP=1 layout a standalone rollout loads
             actor.save(os.path.join(out, "ckpt"))
     finally:
         group.stop()

@@ -1,6 +1,7 @@
-"""The actor at TP=2 and DP=2 (two gloo processes) against TP=1, through the service's
-own front door and rank group: same log-probs, same weights after one PPO update
-(two mini-batches), and checkpoints that reshard between TP=2 and TP=1."""
+"""The actor at TP=2, DP=2 and PP=2 (two gloo processes) against TP=1, through the
+service's own front door and rank group: same log-probs, same weights after one PPO
+update (two mini-batches), and checkpoints that reshard between TP=2 / PP=2 and TP=1.
+Every layout starts from TP=1's initial weights."""
 import os
 import sys
 
@@ -8,13 +9,17 @@ import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAYOUTS = {"tp1": (1, 1), "tp2": (2, 2), "dp2": (2, 1), "tp2sp": (2, 2)}  # name: (world size, TP)
+LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "dp2": (2, 1, 1), "tp2sp": (2, 2, 1),
+           "pp2": (2, 1, 2)}  # name: (world size, TP, PP)
 
 
-def run_layout(run_ranks, tmp, name, tokenizer_dir, world, tp, load_from=None):
+def run_layout(run_ranks, tmp, name, tokenizer_dir, world, tp, pp, load_from=None):
     out = tmp / name
     out.mkdir()
-    args = [str(world), str(tp), str(tmp / f"{name}.rdzv"), str(out), tokenizer_dir] + ([load_from] if load_from else [])
+    args = [str(world), str(tp), str(tmp / f"{name}.rdzv"), str(out), tokenizer_dir, "--pp", str(pp)]
+    args += ["--sp"] if name.endswith("sp") else []
+    args += ["--load-from", load_from] if load_from else []
+    args += ["--init-from", str(tmp / "tp1" / "init")] if name != "tp1" and not load_from else []
     run_ranks([[sys.executable, os.path.join(HERE, "actor_rank.py"), str(r), *args] for r in range(world)], timeout=600)
     return torch.load(out / "result.pt"), out
 
@@ -22,7 +27,8 @@ def run_layout(run_ranks, tmp, name, tokenizer_dir, world, tp, load_from=None):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, arithmetic_tokenizer_dir, run_ranks):
     tmp = tmp_path_factory.mktemp("parallel")
-    return tmp, {name: run_layout(run_ranks, tmp, name, arithmetic_tokenizer_dir, *wt) for name, wt in LAYOUTS.items()}
+    return tmp, {name: run_layout(run_ranks, tmp, name, arithmetic_tokenizer_dir, *layout)
+                 for name, layout in LAYOUTS.items()}  # tp1 first: the others start from its weights
 
 
 def hf_weights(d):
@@ -31,11 +37,14 @@ def hf_weights(d):
     return load_file(os.path.join(d, "hf", "model.safetensors"))
 
 
-@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2sp"])
-def test_same_update_as_tp1(runs, name):
-    _, results = runs
+@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2sp", "pp2"])
+def test_same_update_as_tp1(runs, arithmetic_tokenizer_dir, run_ranks, name):
+    tmp, results = runs
     (ref, ref_dir), (got, got_dir) = results["tp1"], results[name]
     torch.testing.assert_close(got["before"], ref["before"], atol=1e-5, rtol=0)
+    if LAYOUTS[name][2] > 1:  # HF export gathers TP only: compare the PP run's weights reloaded at TP=1
+        _, got_dir = run_layout(run_ranks, tmp, f"load_{name}_at_tp1", arithmetic_tokenizer_dir, 1, 1, 1,
+                                load_from=str(got_dir / "ckpt"))
     w_ref, w_got = hf_weights(ref_dir), hf_weights(got_dir)
     assert w_ref.keys() == w_got.keys()
     for k in w_ref:
@@ -49,10 +58,14 @@ def test_same_update_as_tp1(runs, name):
     assert ref["metrics"]["actor/ppo_kl"] != 0.0  # averaged over 2 mini-batches: the 2nd is off-policy
 
 
-@pytest.mark.parametrize("saved,loaded", [("tp2", "tp1"), ("tp1", "tp2")])
+@pytest.mark.parametrize("saved,loaded", [("tp2", "tp1"), ("tp1", "tp2"), ("tp1", "pp2")])
 def test_checkpoint_reshards(runs, arithmetic_tokenizer_dir, run_ranks, saved, loaded):
     tmp, results = runs
-    world, tp = LAYOUTS[loaded]
-    got, _ = run_layout(run_ranks, tmp, f"load_{saved}_at_{loaded}", arithmetic_tokenizer_dir, world, tp,
+    got, _ = run_layout(run_ranks, tmp, f"load_{saved}_at_{loaded}", arithmetic_tokenizer_dir, *LAYOUTS[loaded],
                         load_from=str(results[saved][1] / "ckpt"))
     torch.testing.assert_close(got["log_probs"], results[saved][0]["log_probs"], atol=1e-5, rtol=0)
+    if "weights" in got:  # the TP=1-layout export (standalone rollout sync) is the same at any TP
+        ref = results[saved][0]["weights"]
+        assert got["weights"].keys() == ref.keys()
+        for k in ref:
+            assert torch.equal(got["weights"][k], ref[k]), k

@@ -152,8 +152,6 @@ def test_parallel_layout_errors_name_the_numbers():
         (["critic.megatron.tensor_model_parallel_size=0"], ["critic.megatron.tensor_model_parallel_size", ">= 1"]),
         (["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "services.actor.world_size=2"],
          ["pipeline_model_parallel_size", "generation at PP > 1"]),
-        (["actor_rollout_ref.rollout.mode=standalone", "services.actor.world_size=2",
-          "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"], ["actor_rollout_ref.rollout.mode", "unsharded"]),
         (["actor_rollout_ref.actor.megatron.dtype=float8"], ["actor_rollout_ref.actor.megatron.dtype", "float8"]),
         (["trainer.resume_mode=sometimes"], ["trainer.resume_mode", "auto"]),
         (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),

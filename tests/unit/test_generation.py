@@ -118,7 +118,9 @@ def test_rollout_log_probs_equal_actor_recomputed(actor, arithmetic_tokenizer):
     mask = gen["response_mask"].bool()
     assert old.shape == mask.shape and old.dtype == torch.float32
     diff = (old - gen["rollout_log_probs"])[mask].abs().max().item()
-    assert diff < 1e-5, f"max |actor - rollout| log-prob difference {diff}"
+    # fp32: the actor's packed per-sequence attention and the engine's cached decode sum in
+    # different orders (observed up to 1.3e-5 at T = 0.7); a wrong position or mask gives > 1e-2
+    assert diff < 5e-5, f"max |actor - rollout| log-prob difference {diff}"
     # not a trivial agreement: sampled (not argmax-only) tokens with varied log-probs
     chosen = gen["rollout_log_probs"][mask]
     assert chosen.std() > 0.05 and (chosen < -0.05).any()

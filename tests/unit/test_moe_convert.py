@@ -1,0 +1,177 @@
+"""HF <-> megatron conversion of a tiny random Qwen3-MoE built locally (no downloads).
+
+EP=1 in-process (session fixture's 1-rank group); EP=2 and TP=2 in two worker processes over
+gloo (tests/multirank/moe_rank.py). Variants: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
+every layer MoE) and "plain" (softmax-then-top-k without renormalising, tied embeddings,
+layer 0 a dense MLP via mlp_only_layers).
+"""
+import json
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+            max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1)
+VARIANTS = {"topk_norm": dict(head_dim=32, norm_topk_prob=True, tie_word_embeddings=False),
+            "plain": dict(norm_topk_prob=False, tie_word_embeddings=True, mlp_only_layers=[0])}
+
+
+def tiny_qwen3_moe(path: pathlib.Path, seed: int = 0, **overrides) -> pathlib.Path:
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**TINY, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)  # non-unit norms: a swapped q/k norm must show
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0, 1.0)  # peaked router: a wrong expert choice must show
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("moe")
+    return {name: tiny_qwen3_moe(root / name, seed=i, **kw) for i, (name, kw) in enumerate(VARIANTS.items())}
+
+
+def _tensors(d) -> dict:
+    return {k: v for f in sorted(os.listdir(d)) if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(d, f)).items()}
+
+
+def _import(hf_dir):
+    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.convert.hf_load import load_hf_weights
+    from tandem.models.build import build_gpt_model
+
+    shape = shape_from_hf_config(json.loads((pathlib.Path(hf_dir) / "config.json").read_text()))
+    model = build_gpt_model(shape)
+    loaded = load_hf_weights(model, str(hf_dir), shape, tp_rank=0, tp_size=1)
+    return model, shape, loaded
+
+
+def test_shape_from_config(moe_dirs):
+    from transformers import AutoConfig
+
+    from tandem.convert.hf_config import shape_from_hf_config
+
+    a = shape_from_hf_config(AutoConfig.from_pretrained(moe_dirs["topk_norm"]))  # v5 spells num_local_experts
+    assert (a.kv_channels, a.qk_layernorm, a.attention_bias) == (32, True, False)
+    assert (a.moe.num_experts, a.moe.top_k, a.moe.moe_intermediate_size) == (4, 2, 32)
+    assert a.moe.norm_topk_prob and a.moe.moe_layers == (0, 1)
+    b = shape_from_hf_config(json.loads((moe_dirs["plain"] / "config.json").read_text()))
+    assert not b.moe.norm_topk_prob and b.moe.moe_layers == (1,) and b.tie_word_embeddings
+    assert b.kv_channels == 16
+    raw = json.loads((moe_dirs["plain"] / "config.json").read_text())
+    raw = {("num_experts" if k == "num_local_experts" else k): v for k, v in raw.items()}  # Qwen's spelling
+    step2 = shape_from_hf_config(dict(raw, mlp_only_layers=[], decoder_sparse_step=2, num_hidden_layers=4))
+    assert step2.moe.moe_layers == (1, 3)  # transformers: (i + 1) % step == 0
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_logits_match_transformers_ep1(megatron_dist, moe_dirs, variant):
+    from transformers import AutoModelForCausalLM
+
+    from tandem.models.forward import forward_logits
+
+    model, shape, loaded = _import(moe_dirs[variant])
+    assert loaded == {n for n, _ in model.named_parameters()}
+    hf = AutoModelForCausalLM.from_pretrained(moe_dirs[variant], dtype=torch.float32, attn_implementation="eager")
+    ids = torch.randint(0, shape.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
+    model.eval()
+    with torch.no_grad():
+        got = forward_logits(model, ids, torch.ones_like(ids))
+        want = hf(ids).logits
+    assert got.shape == want.shape and want.abs().max() > 0.1
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_round_trip_bit_exact_ep1(megatron_dist, moe_dirs, variant, tmp_path):
+    from transformers import AutoConfig
+
+    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.convert.hf_export import export_hf
+
+    model, shape, _ = _import(moe_dirs[variant])
+    out = export_hf(model, shape, str(tmp_path / "out"), "Qwen3MoeForCausalLM")
+    a, b = _tensors(moe_dirs[variant]), _tensors(out)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
+    assert shape_from_hf_config(AutoConfig.from_pretrained(out)) == shape
+
+
+def test_logits_and_round_trip_ep2_and_tp2(moe_dirs, tmp_path, run_ranks):
+    """EP=2 (each rank holds 2 of the 4 experts, alltoall dispatch over gloo), then TP=2
+    (attention and every expert split over 2 ranks), each against transformers."""
+    worker = [sys.executable, str(ROOT / "tests/multirank/moe_rank.py")]
+    for tp, ep in ((1, 2), (2, 1)):
+        args = [str(tp), str(ep), str(tmp_path / f"init{tp}{ep}"), str(tmp_path / f"out{tp}{ep}"),
+                *(str(d) for d in moe_dirs.values())]
+        outs = run_ranks([worker + [str(r)] + args for r in range(2)], timeout=300)
+        assert outs[0].count("bit-exact") == len(moe_dirs), outs[0][-3000:]
+
+
+def _copy_with(src, dst, drop=None, add=None):
+    t = _tensors(src)
+    if drop:
+        del t[drop]
+    if add:
+        t[add] = torch.zeros(3)
+    dst.mkdir()
+    save_file(t, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
+
+
+def test_strict_extra_and_missing_keys(megatron_dist, moe_dirs, tmp_path):
+    extra = _copy_with(moe_dirs["topk_norm"], tmp_path / "extra", add="model.layers.0.mlp.experts.4.up_proj.weight")
+    with pytest.raises(ValueError, match=r"unexpected.*model\.layers\.0\.mlp\.experts\.4\.up_proj\.weight"):
+        _import(extra)
+    missing = _copy_with(moe_dirs["topk_norm"], tmp_path / "missing",
+                         drop="model.layers.1.mlp.experts.3.down_proj.weight")
+    with pytest.raises(ValueError, match=r"missing.*model\.layers\.1\.mlp\.experts\.3\.down_proj\.weight"):
+        _import(missing)
+    no_norm = _copy_with(moe_dirs["plain"], tmp_path / "no_norm", drop="model.layers.0.self_attn.k_norm.weight")
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_norm\.weight"):
+        _import(no_norm)
+
+
+def test_refuses_unsupported_configs(moe_dirs):
+    from tandem.convert.hf_config import hf_config_from_shape, shape_from_hf_config
+    from tandem.models.spec import transformer_config
+
+    base = json.loads((moe_dirs["topk_norm"] / "config.json").read_text())
+    for key, value, match in [("attention_bias", True, "attention_bias.*o_proj"),
+                              ("use_sliding_window", True, "use_sliding_window"),
+                              ("hidden_act", "gelu", "hidden_act"),
+                              ("mlp_only_layers", [0, 1], "mlp_only_layers.*no layer has experts"),
+                              ("mlp_only_layers", [5], r"mlp_only_layers.*\[5\]"),
+                              ("rope_parameters", {"rope_type": "yarn", "factor": 4.0}, "rope")]:
+        with pytest.raises(ValueError, match=match):
+            shape_from_hf_config(dict(base, **{key: value}))
+    shape = shape_from_hf_config(base)
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM.*experts"):
+        hf_config_from_shape(shape, "Qwen2ForCausalLM")
+    with pytest.raises(ValueError, match="num_experts=4 is not divisible by expert_model_parallel_size=3"):
+        transformer_config(shape, ep=3)
+    with pytest.raises(ValueError, match="num_experts_per_tok=1 with norm_topk_prob"):
+        transformer_config(shape_from_hf_config(dict(base, num_experts_per_tok=1)))
+
+
+def test_parallel_layout_names_expert_parallel():
+    from tandem.dist.parallel import ParallelConfig
+
+    ParallelConfig(tp=1, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2)
+    with pytest.raises(ValueError, match="expert_model_parallel_size=2: world size 2 is not divisible by ep x tp x pp"):
+        ParallelConfig(tp=2, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2)
