@@ -25,7 +25,9 @@ def sft_batch(services) -> DataProto:
 def assert_same_generation(a: DataProto, b: DataProto, what: str):
     for k in ("prompts", "responses", "response_mask", "input_ids", "attention_mask"):
         assert torch.equal(a[k], b[k]), f"{what}: {k} differs"
-    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], atol=1e-5, rtol=0)
+    # tokens must be identical; fp32 log-probs of shards batched differently (the colocated
+    # rollout runs on the actor's DP ranks) sum in another order: observed up to 1.2e-5
+    torch.testing.assert_close(a["rollout_log_probs"], b["rollout_log_probs"], atol=5e-5, rtol=0)
 
 
 def test_load_weights_makes_standalone_match_colocated(services):
