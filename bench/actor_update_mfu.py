@@ -8,8 +8,9 @@ SDPA attention. For each model shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings,
 
   actor   what the actor service runs for UpdateActor: tandem.train.step.train_steps over
           tandem.train.losses.ppo_actor_loss (clipped PPO on variable-length responses,
-          fp32 vocab-parallel log-probs and entropy, the padded [prompt | response] layout
-          with a 4D mask), megatron's schedule, DDP and optimizer step;
+          fp32 vocab-parallel log-probs and entropy; the batch comes in verl's padded
+          [prompt | response] layout and each micro-batch runs packed without padding,
+          tandem/models/packing.py), megatron's schedule, DDP and optimizer step;
   plain   a plain megatron-core language-model step on the same model: GPTModel's own
           loss (labels), full causal rows without padding, same optimizer step.
 
@@ -166,7 +167,7 @@ def main() -> None:
     print(f"\n- machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, megatron-core "
           f"{megatron.core.__version__}, {platform.python_version()}")
     print(f"- bf16 matmul rate measured (8192^3): {peak / 1e12:.0f} TFLOP/s")
-    print("\n| shape | path | batch | real tokens | step s | tokens/s | MFU | pad share | peak GiB |")
+    print("\n| shape | path | batch | real tokens | step s | tokens/s | MFU | pad share of the padded input | peak GiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         print(f"| {r['shape']} | {r['kind']} | {r['batch']} | {r['tokens']} | {r['step_s']:.3f} | "

@@ -103,14 +103,21 @@ class ActorWorker:
 
     # ---- weights and checkpoints ------------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The policy in the TP=1 layout (what a standalone rollout at TP=1 loads); at TP > 1
-        every TP rank takes part in the gather."""
+        """The policy in the TP=1 layout (what a standalone rollout at TP=1 loads), on TP rank 0
+        of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 the TP
+        ranks of DP rank 0 take part in the gather."""
+        from megatron.core import parallel_state as ps
+
+        if ps.get_data_parallel_rank() != 0:  # every DP replica holds the same weights
+            return None
         if self.actor_cfg.megatron.tensor_model_parallel_size == 1:
             weights = checkpoint.model_weights(self.policy)
         else:
             from tandem.dist.reshard import tp1_weights
 
             weights = tp1_weights(self.policy, self.shape)
+        if ps.get_tensor_model_parallel_rank() != 0:
+            return None
         return {k: v.detach().cpu() for k, v in weights.items()}
 
     def export_hf(self, out_dir: str, tokenizer_dir: str | None) -> str:

@@ -18,6 +18,7 @@ import torch
 
 from tandem.convert.hf_config import hf_config_from_shape
 from tandem.convert.mapping import Direct, expand_mappings
+from tandem.dist.reshard import gather_shards
 from tandem.convert.moe_mapping import expert_ranks
 
 
@@ -49,15 +50,6 @@ def _is_writer(tp_group) -> bool:
     return True
 
 
-def _gather(t: torch.Tensor, tp_group) -> list[torch.Tensor]:
-    if tp_group is None or torch.distributed.get_world_size(tp_group) == 1:
-        return [t]
-    t = t.contiguous()
-    out = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(tp_group))]
-    torch.distributed.all_gather(out, t, group=tp_group)
-    return out
-
-
 def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
               tokenizer_dir: str | None = None) -> str | None:
     """Write `model` as an HF `architecture` checkpoint in out_dir; returns out_dir on the writer."""
@@ -74,11 +66,11 @@ def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
     for j, m in enumerate(tables[ep_rank]):
         local = params[m.megatron].detach()
         replicated = isinstance(m, Direct) and m.split_dim is None
-        shards = [local] if replicated else _gather(local, etp_group if m.group == "etp" else tp_group)
+        shards = [local] if replicated else gather_shards(local, etp_group if m.group == "etp" else tp_group)
         if m.group == "etp" and ep_size > 1:
             full = m.unshard(shards)
             for k, name in enumerate(m.hf_names):
-                for r, t in enumerate(_gather(full[name], ep_group)):
+                for r, t in enumerate(gather_shards(full[name], ep_group)):
                     tensors[tables[r][j].hf_names[k]] = t.cpu().contiguous()
         elif writer:
             tensors.update({k: v.cpu().contiguous() for k, v in m.unshard(shards).items()})

@@ -13,10 +13,12 @@ import torch
 from tandem.convert.mapping import Direct, expand_mappings
 
 
-def _all_gather(t: torch.Tensor, group) -> list[torch.Tensor]:
-    size = torch.distributed.get_world_size(group)
+def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
+    """Every rank's `t` in rank order (just [t] without a group or in a group of one)."""
+    if group is None or torch.distributed.get_world_size(group) == 1:
+        return [t]
     t = t.contiguous()
-    out = [torch.empty_like(t) for _ in range(size)]
+    out = [torch.empty_like(t) for _ in range(torch.distributed.get_world_size(group))]
     torch.distributed.all_gather(out, t, group=group)
     return out
 
@@ -31,13 +33,10 @@ def tp1_weights(model, shape, tp_group=None) -> dict[str, torch.Tensor]:
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         raise ValueError("TP=1 weight sync: pipeline_model_parallel_size > 1 is not supported")
     group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
-    tp = torch.distributed.get_world_size(group)
     params = dict(model.named_parameters())
     out = {}
     for m in expand_mappings(shape):
         local = params[m.megatron].detach()
-        if tp == 1 or (isinstance(m, Direct) and m.split_dim is None):
-            out[m.megatron] = local
-        else:
-            out[m.megatron] = m.shard(m.unshard(_all_gather(local, group)), 0, 1)
+        shards = gather_shards(local, None if isinstance(m, Direct) and m.split_dim is None else group)
+        out[m.megatron] = shards[0] if len(shards) == 1 else m.shard(m.unshard(shards), 0, 1)
     return out

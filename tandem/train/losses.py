@@ -42,10 +42,12 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
     """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics)."""
     dev = device.device()
     mask = mb["response_mask"].to(dev).float()
+    responses = mb["responses"].to(dev)
+    logits = response_slice(output, responses.shape[1])  # one [B, R, V/tp] gather for both uses
     # with no entropy bonus the entropy is only a metric: keep its [B, R, V] graph out of backward
     with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coeff != 0):
-        entropy = entropy_from_logits(response_slice(output, mb["responses"].shape[1]), temperature)
-    log_prob, _ = response_log_probs(output, mb, temperature, with_entropy=False)
+        entropy = entropy_from_logits(logits, temperature)
+    log_prob = log_probs_from_logits(logits, responses, temperature)
     old_log_prob = mb["old_log_probs"].to(dev)
     is_weights, tis_metrics = None, {}
     if cfg.tis_imp_ratio_cap > 0:  # truncated IS: correct for rollout-engine vs trainer log-prob mismatch

@@ -3,13 +3,12 @@
 TP=1 in-process (session fixture's 1-rank group); TP=2 in two worker processes over gloo.
 """
 import json
-import os
 import pathlib
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from hf_test_files import copy_with, hf_tensors, import_hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -41,25 +40,6 @@ def hf_dirs(tmp_path_factory):
     return {f: _tiny_hf(f, root / f) for f in ("llama", "qwen2")}
 
 
-def _tensors(d) -> dict:
-    out = {}
-    for name in sorted(os.listdir(d)):
-        if name.endswith(".safetensors"):
-            out.update(load_file(os.path.join(d, name)))
-    return out
-
-
-def _import(hf_dir):
-    from tandem.convert.hf_config import shape_from_hf_config
-    from tandem.convert.hf_load import load_hf_weights
-    from tandem.models.build import build_gpt_model
-
-    shape = shape_from_hf_config(json.loads((pathlib.Path(hf_dir) / "config.json").read_text()))
-    model = build_gpt_model(shape)
-    loaded = load_hf_weights(model, str(hf_dir), shape, tp_rank=0, tp_size=1)
-    return model, shape, loaded
-
-
 def test_shape_from_hf_config(hf_dirs):
     from transformers import AutoConfig
 
@@ -78,7 +58,7 @@ def test_logits_match_transformers_tp1(megatron_dist, hf_dirs, family):
 
     from tandem.models.forward import forward_logits
 
-    model, shape, loaded = _import(hf_dirs[family])
+    model, shape, loaded = import_hf(hf_dirs[family])
     assert loaded == {n for n, _ in model.named_parameters()}
     hf = AutoModelForCausalLM.from_pretrained(hf_dirs[family], dtype=torch.float32,
                                               attn_implementation="eager")
@@ -96,10 +76,10 @@ def test_logits_match_transformers_tp1(megatron_dist, hf_dirs, family):
 def test_round_trip_bit_exact_tp1(megatron_dist, hf_dirs, family, tmp_path):
     from tandem.convert.hf_export import export_hf
 
-    model, shape, _ = _import(hf_dirs[family])
+    model, shape, _ = import_hf(hf_dirs[family])
     arch = json.loads((hf_dirs[family] / "config.json").read_text())["architectures"][0]
     out = export_hf(model, shape, str(tmp_path / "out"), arch)
-    a, b = _tensors(hf_dirs[family]), _tensors(out)
+    a, b = hf_tensors(hf_dirs[family]), hf_tensors(out)
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
@@ -112,31 +92,19 @@ def test_round_trip_bit_exact_tp1(megatron_dist, hf_dirs, family, tmp_path):
 
 
 def test_logits_and_round_trip_tp2(hf_dirs, tmp_path, run_ranks):
-    cmd = [sys.executable, str(ROOT / "tests/unit/hf_tp2_worker.py")]
-    args = [str(tmp_path / "init"), str(tmp_path / "out"), str(hf_dirs["llama"]), str(hf_dirs["qwen2"])]
+    cmd = [sys.executable, str(ROOT / "tests/unit/hf_rank_worker.py")]
+    args = ["2", "1", str(tmp_path / "init"), str(tmp_path / "out"), str(hf_dirs["llama"]), str(hf_dirs["qwen2"])]
     outs = run_ranks([cmd + [str(r)] + args for r in range(2)], timeout=120)
     assert outs[0].count("bit-exact") == 2, outs[0][-3000:]
 
 
-def _copy_with(src, dst, drop=None, add=None):
-    t = _tensors(src)
-    if drop:
-        del t[drop]
-    if add:
-        t[add] = torch.zeros(3)
-    dst.mkdir()
-    save_file(t, str(dst / "model.safetensors"))
-    (dst / "config.json").write_text((src / "config.json").read_text())
-    return dst
-
-
 def test_strict_extra_and_missing_keys(megatron_dist, hf_dirs, tmp_path):
-    extra = _copy_with(hf_dirs["llama"], tmp_path / "extra", add="model.layers.0.mlp.surprise.weight")
+    extra = copy_with(hf_dirs["llama"], tmp_path / "extra", add="model.layers.0.mlp.surprise.weight")
     with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp\.surprise\.weight"):
-        _import(extra)
-    missing = _copy_with(hf_dirs["qwen2"], tmp_path / "missing", drop="model.layers.1.self_attn.k_proj.bias")
+        import_hf(extra)
+    missing = copy_with(hf_dirs["qwen2"], tmp_path / "missing", drop="model.layers.1.self_attn.k_proj.bias")
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
-        _import(missing)
+        import_hf(missing)
 
 
 def test_refuses_unsupported_configs(hf_dirs):

@@ -1,18 +1,17 @@
 """HF <-> megatron conversion of a tiny random Qwen3-MoE built locally (no downloads).
 
 EP=1 in-process (session fixture's 1-rank group); EP=2 and TP=2 in two worker processes over
-gloo (tests/multirank/moe_rank.py). Variants: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
+gloo (tests/unit/hf_rank_worker.py). Variants: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
 every layer MoE) and "plain" (softmax-then-top-k without renormalising, tied embeddings,
 layer 0 a dense MLP via mlp_only_layers).
 """
 import json
-import os
 import pathlib
 import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from hf_test_files import copy_with, hf_tensors, import_hf
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -43,22 +42,6 @@ def moe_dirs(tmp_path_factory):
     return {name: tiny_qwen3_moe(root / name, seed=i, **kw) for i, (name, kw) in enumerate(VARIANTS.items())}
 
 
-def _tensors(d) -> dict:
-    return {k: v for f in sorted(os.listdir(d)) if f.endswith(".safetensors")
-            for k, v in load_file(os.path.join(d, f)).items()}
-
-
-def _import(hf_dir):
-    from tandem.convert.hf_config import shape_from_hf_config
-    from tandem.convert.hf_load import load_hf_weights
-    from tandem.models.build import build_gpt_model
-
-    shape = shape_from_hf_config(json.loads((pathlib.Path(hf_dir) / "config.json").read_text()))
-    model = build_gpt_model(shape)
-    loaded = load_hf_weights(model, str(hf_dir), shape, tp_rank=0, tp_size=1)
-    return model, shape, loaded
-
-
 def test_shape_from_config(moe_dirs):
     from transformers import AutoConfig
 
@@ -83,7 +66,7 @@ def test_logits_match_transformers_ep1(megatron_dist, moe_dirs, variant):
 
     from tandem.models.forward import forward_logits
 
-    model, shape, loaded = _import(moe_dirs[variant])
+    model, shape, loaded = import_hf(moe_dirs[variant])
     assert loaded == {n for n, _ in model.named_parameters()}
     hf = AutoModelForCausalLM.from_pretrained(moe_dirs[variant], dtype=torch.float32, attn_implementation="eager")
     ids = torch.randint(0, shape.vocab_size, (2, 12), generator=torch.Generator().manual_seed(0))
@@ -102,9 +85,9 @@ def test_round_trip_bit_exact_ep1(megatron_dist, moe_dirs, variant, tmp_path):
     from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_export import export_hf
 
-    model, shape, _ = _import(moe_dirs[variant])
+    model, shape, _ = import_hf(moe_dirs[variant])
     out = export_hf(model, shape, str(tmp_path / "out"), "Qwen3MoeForCausalLM")
-    a, b = _tensors(moe_dirs[variant]), _tensors(out)
+    a, b = hf_tensors(moe_dirs[variant]), hf_tensors(out)
     assert a.keys() == b.keys()
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
@@ -114,7 +97,7 @@ def test_round_trip_bit_exact_ep1(megatron_dist, moe_dirs, variant, tmp_path):
 def test_logits_and_round_trip_ep2_and_tp2(moe_dirs, tmp_path, run_ranks):
     """EP=2 (each rank holds 2 of the 4 experts, alltoall dispatch over gloo), then TP=2
     (attention and every expert split over 2 ranks), each against transformers."""
-    worker = [sys.executable, str(ROOT / "tests/multirank/moe_rank.py")]
+    worker = [sys.executable, str(ROOT / "tests/unit/hf_rank_worker.py")]
     for tp, ep in ((1, 2), (2, 1)):
         args = [str(tp), str(ep), str(tmp_path / f"init{tp}{ep}"), str(tmp_path / f"out{tp}{ep}"),
                 *(str(d) for d in moe_dirs.values())]
@@ -122,29 +105,17 @@ def test_logits_and_round_trip_ep2_and_tp2(moe_dirs, tmp_path, run_ranks):
         assert outs[0].count("bit-exact") == len(moe_dirs), outs[0][-3000:]
 
 
-def _copy_with(src, dst, drop=None, add=None):
-    t = _tensors(src)
-    if drop:
-        del t[drop]
-    if add:
-        t[add] = torch.zeros(3)
-    dst.mkdir()
-    save_file(t, str(dst / "model.safetensors"))
-    (dst / "config.json").write_text((src / "config.json").read_text())
-    return dst
-
-
 def test_strict_extra_and_missing_keys(megatron_dist, moe_dirs, tmp_path):
-    extra = _copy_with(moe_dirs["topk_norm"], tmp_path / "extra", add="model.layers.0.mlp.experts.4.up_proj.weight")
+    extra = copy_with(moe_dirs["topk_norm"], tmp_path / "extra", add="model.layers.0.mlp.experts.4.up_proj.weight")
     with pytest.raises(ValueError, match=r"unexpected.*model\.layers\.0\.mlp\.experts\.4\.up_proj\.weight"):
-        _import(extra)
-    missing = _copy_with(moe_dirs["topk_norm"], tmp_path / "missing",
+        import_hf(extra)
+    missing = copy_with(moe_dirs["topk_norm"], tmp_path / "missing",
                          drop="model.layers.1.mlp.experts.3.down_proj.weight")
     with pytest.raises(ValueError, match=r"missing.*model\.layers\.1\.mlp\.experts\.3\.down_proj\.weight"):
-        _import(missing)
-    no_norm = _copy_with(moe_dirs["plain"], tmp_path / "no_norm", drop="model.layers.0.self_attn.k_norm.weight")
+        import_hf(missing)
+    no_norm = copy_with(moe_dirs["plain"], tmp_path / "no_norm", drop="model.layers.0.self_attn.k_norm.weight")
     with pytest.raises(ValueError, match=r"model\.layers\.0\.self_attn\.k_norm\.weight"):
-        _import(no_norm)
+        import_hf(no_norm)
 
 
 def test_refuses_unsupported_configs(moe_dirs):

@@ -1,0 +1,39 @@
+"""Helpers shared by the Hugging Face conversion tests and their rank workers: read a
+checkpoint's tensors, import it at TP=1, and write a copy with a tensor dropped or added."""
+import json
+import os
+import pathlib
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def hf_tensors(d) -> dict[str, torch.Tensor]:
+    """Every tensor of every *.safetensors file in a checkpoint directory."""
+    return {k: v for f in sorted(os.listdir(d)) if f.endswith(".safetensors")
+            for k, v in load_file(os.path.join(d, f)).items()}
+
+
+def import_hf(hf_dir):
+    """-> (GPTModel at TP=1 with the checkpoint loaded, its shape, the loaded parameter names)."""
+    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.convert.hf_load import load_hf_weights
+    from tandem.models.build import build_gpt_model
+
+    shape = shape_from_hf_config(json.loads((pathlib.Path(hf_dir) / "config.json").read_text()))
+    model = build_gpt_model(shape)
+    loaded = load_hf_weights(model, str(hf_dir), shape, tp_rank=0, tp_size=1)
+    return model, shape, loaded
+
+
+def copy_with(src, dst, drop=None, add=None):
+    """A copy of checkpoint `src` in `dst` without tensor `drop` and/or with an extra tensor `add`."""
+    t = hf_tensors(src)
+    if drop:
+        del t[drop]
+    if add:
+        t[add] = torch.zeros(3)
+    dst.mkdir()
+    save_file(t, str(dst / "model.safetensors"))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst
