@@ -1,6 +1,12 @@
 """The actor on several GPUs: TP=2, PP=2 and DP=2 against one GPU, in bf16 over NCCL.
 
     python bench/actor_parallel.py [--layouts tp1,tp2,pp2,dp2] [--steps 5] [--hang-s 240]
+    python bench/actor_parallel.py --moe [--layouts tp1,ep2,tp2sp]   # a Qwen3-MoE: expert parallel 2,
+                                                                   # TP=2 with sequence parallelism
+
+With --moe the model is a random Qwen3-MoE built locally with transformers (bench/moe_ep.py's
+shape) and trained with the router load-balancing loss (coefficient 0.001); ep2 puts half the
+experts on each GPU (DP=2 for the dense weights).
 
 Each layout starts its ranks as processes (one GPU each) that build the actor exactly as
 the service does (ActorWorker + RankGroup + ActorFront; bf16 parameters, fp32 main
@@ -28,7 +34,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "pp2": (2, 1, 2), "dp2": (2, 1, 1)}  # world, tp, pp
+LAYOUTS = {"tp1": (1, 1, 1, 1), "tp2": (2, 2, 1, 1), "pp2": (2, 1, 2, 1), "dp2": (2, 1, 1, 1),
+           "ep2": (2, 1, 1, 2), "tp2sp": (2, 2, 1, 1)}  # world, tp, pp, ep (names ending in sp: SP on)
+MOE_SETTINGS = ["actor_rollout_ref.rollout.mode=standalone",
+                "actor_rollout_ref.actor.megatron.override_transformer_config.moe_aux_loss_coeff=0.001"]
 SHAPE = ["actor_rollout_ref.model.hidden_size=2048", "actor_rollout_ref.model.num_hidden_layers=8",
          "actor_rollout_ref.model.num_attention_heads=16", "actor_rollout_ref.model.num_key_value_heads=4",
          "actor_rollout_ref.model.intermediate_size=8192", "actor_rollout_ref.model.max_position_embeddings=2048"]
@@ -41,17 +50,21 @@ if os.environ.get("TANDEM_BENCH_TINY"):  # a CPU smoke run of this script (layou
 DTYPE = "float32" if os.environ.get("TANDEM_BENCH_TINY") else "bfloat16"  # megatron's bf16 optimizer needs CUDA
 
 
-def _unchecked(tok, world, tp, pp):
+def _unchecked(tok, name: str, hf: str | None):
     """The run-level check refuses PP > 1 (no generation at PP > 1); the actor alone runs it."""
     from omegaconf import OmegaConf
 
     from tandem.config import TandemConfig
 
+    world, tp, pp, ep = LAYOUTS[name]
     base = OmegaConf.structured(TandemConfig)
-    over = OmegaConf.from_dotlist(SHAPE + [
+    model = [f"actor_rollout_ref.model.path={hf}", *MOE_SETTINGS] if hf else SHAPE
+    over = OmegaConf.from_dotlist(model + [
         f"actor_rollout_ref.model.tokenizer_path={tok}", f"actor_rollout_ref.actor.megatron.dtype={DTYPE}",
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
+        f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={ep}",
+        f"actor_rollout_ref.actor.megatron.sequence_parallel={name.endswith('sp')}",
         f"services.actor.world_size={world}", "actor_rollout_ref.rollout.n=1",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={ROWS // 2}",  # fixed batch: 2 optimizer steps
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={ROWS // 4}",
@@ -76,9 +89,21 @@ def make_batch(vocab: int, pad: int, rows: int, seed: int):
                      meta={"temperature": 1.0, "rollout_n": 1})
 
 
+def build_moe(path: str) -> str:
+    """bench/moe_ep.py's Qwen3-MoE shape, random, saved with transformers (nothing downloaded)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from moe_ep import CONFIG
+
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(Qwen3MoeConfig(**dict(CONFIG, max_position_embeddings=2 * (PROMPT + RESPONSE)))
+                        ).save_pretrained(path, safe_serialization=True)
+    return path
+
+
 def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, load_from: str | None,
-              init_from: str | None) -> None:
-    world, tp, pp = LAYOUTS[name]
+              init_from: str | None, hf: str | None) -> None:
+    world, tp, pp, _ = LAYOUTS[name]
     from transformers import AutoTokenizer
 
     from services.actor.front import ActorFront
@@ -90,8 +115,8 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
     os.environ["LOCAL_RANK"] = str(rank)
     tokenizer = AutoTokenizer.from_pretrained(tok)
     dp = world // (tp * pp)
-    cfg = _unchecked(tok, world, tp, pp)
-    init_distributed(ParallelConfig(tp, pp), rank, world, f"file://{rdzv}", seed=1)
+    cfg = _unchecked(tok, name, hf)
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, world, f"file://{rdzv}", seed=1)
     worker = ActorWorker(cfg, len(tokenizer))
     group = RankGroup({"actor": worker})
     if not group.is_front:
@@ -136,7 +161,7 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
 
 
 def launch(name: str, tmp: str, tok: str, steps: int, hang_s: int, load_from: str | None = None,
-           init_from: str | None = None) -> dict:
+           init_from: str | None = None, hf: str | None = None) -> dict:
     world = 1 if load_from else LAYOUTS[name][0]
     layout = "tp1" if load_from else name
     out = os.path.join(tmp, name + ("_loaded" if load_from else ""))
@@ -145,7 +170,8 @@ def launch(name: str, tmp: str, tok: str, steps: int, hang_s: int, load_from: st
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--layout", layout, "--rdzv", rdzv,
                                "--out", out, "--tok", tok, "--steps", str(steps), "--hang-s", str(hang_s)]
                               + (["--load-from", load_from] if load_from else [])
-                              + (["--init-from", init_from] if init_from else []),
+                              + (["--init-from", init_from] if init_from else [])
+                              + (["--hf", hf] if hf else []),
                               env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])))
              for r in range(world)]
     for p in procs:
@@ -155,9 +181,17 @@ def launch(name: str, tmp: str, tok: str, steps: int, hang_s: int, load_from: st
     return torch.load(os.path.join(out, "result.pt"))
 
 
+def _describe(hf: str | None) -> str:
+    if hf:
+        from moe_ep import CONFIG
+
+        return "Qwen3-MoE " + ", ".join(f"{k}={v}" for k, v in CONFIG.items() if k != "max_position_embeddings")
+    return " ".join(k.split(".")[-1] + "=" + v for k, v in (x.split("=") for x in SHAPE))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layouts", default="tp1,tp2,pp2,dp2")
+    p.add_argument("--layouts", help="default: tp1,tp2,pp2,dp2 (--moe: tp1,ep2,tp2sp)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rank", type=int)
     p.add_argument("--layout")
@@ -167,36 +201,39 @@ def main() -> None:
     p.add_argument("--load-from")
     p.add_argument("--init-from")
     p.add_argument("--hang-s", type=int, default=240)
+    p.add_argument("--moe", action="store_true", help="a Qwen3-MoE (layouts tp1, ep2, tp2sp)")
+    p.add_argument("--hf", help=argparse.SUPPRESS)  # the MoE checkpoint, for the ranks
     a = p.parse_args()
     if a.rank is not None:
         import faulthandler
 
         faulthandler.dump_traceback_later(a.hang_s, exit=True)  # a hung collective shows where
-        return rank_main(a.rank, a.layout, a.rdzv, a.out, a.tok, a.steps, a.load_from, a.init_from)
+        return rank_main(a.rank, a.layout, a.rdzv, a.out, a.tok, a.steps, a.load_from, a.init_from, a.hf)
     from tandem.tasks.arithmetic import build_tokenizer
 
     tmp = tempfile.mkdtemp(prefix="tandem-parallel-")
     tok = build_tokenizer(os.path.join(tmp, "tokenizer"))
-    names = a.layouts.split(",")
+    hf = build_moe(os.path.join(tmp, "moe")) if a.moe else None
+    names = (a.layouts or ("tp1,ep2,tp2sp" if a.moe else "tp1,tp2,pp2,dp2")).split(",")
     if names[0] != "tp1":
         raise SystemExit("--layouts must start with tp1 (the baseline; its initial weights seed the others)")
     res = {}
     for n in names:  # each layout's figures as soon as it is done (the reload phase comes after)
         init = None if n == "tp1" else os.path.join(tmp, "tp1", "init")
-        res[n] = r = launch(n, tmp, tok, a.steps, a.hang_s, init_from=init)
+        res[n] = r = launch(n, tmp, tok, a.steps, a.hang_s, init_from=init, hf=hf)
         vs = {k: (r[k] - res["tp1"][k]).abs().max().item() for k in ("before", "after")} if "tp1" in res else {}
         print(f"  {n}: log-prob diff vs tp1 {vs}, pg_loss {r['metrics']['actor/pg_loss']:.5f}, grad_norm "
               f"{r['metrics']['actor/grad_norm']:.4f}, step {r['step_s']:.3f} s, {r['tokens'] / r['step_s']:,.0f} tokens/s",
               flush=True)
     ckpts = [os.path.join(tmp, n, "ckpt") for n in names]
-    reloaded = launch("all", tmp, tok, 0, a.hang_s, load_from=",".join(ckpts))
+    reloaded = launch("all", tmp, tok, 0, a.hang_s, load_from=",".join(ckpts), hf=hf)
     loaded = {n: reloaded[c] for n, c in zip(names, ckpts)}
     ref, ref_w = res["tp1"], loaded["tp1"]
     import megatron.core
 
     gpus = f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if torch.cuda.is_available() else "CPU"
     print(f"\n- machine: {gpus}, torch {torch.__version__}, "
-          f"megatron-core {megatron.core.__version__}; model {' '.join(k.split('.')[-1] + '=' + v for k, v in (x.split('=') for x in SHAPE))}, {DTYPE} params")
+          f"megatron-core {megatron.core.__version__}; model {_describe(hf)}, {DTYPE} params")
     mask = ref["mask"]
 
     def diff(a, b):  # "mean / max" |a - b| over the response tokens

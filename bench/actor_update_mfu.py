@@ -16,7 +16,10 @@ SDPA attention. For each model shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings,
 
 MFU = model FLOPs of the real (non-pad) tokens / step time / the bf16 matmul rate
 measured in this run (8192^3 GEMMs). FLOPs per token: 6 x (matmul params incl. the LM
-head) + causal attention 6 x layers x hidden x context. Prints a markdown table.
+head) + causal attention 6 x layers x hidden x context (the usual count, verl's too).
+The actor needs the LM head only where it predicts a response token and runs it only
+there, so a second, stricter column counts the head's FLOPs at those positions alone
+(for the plain step both counts are equal). Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -82,16 +85,18 @@ def actor_batch(batch: int, seed: int = 0):
         "old_log_probs": -torch.rand(batch, SEQ - PROMPT, generator=g) * 5,
         "advantages": torch.randn(batch, SEQ - PROMPT, generator=g)}, meta={"temperature": 1.0})
     b.meta["loss_units"] = int(resp_mask.sum())
-    return b, [int(x) for x in (p_len + r_len)]
+    return b, [int(x) for x in (p_len + r_len)], int(r_len.sum())
 
 
-def flops(shape, lengths: list[int]) -> float:
+def flops(shape, lengths: list[int], head_tokens: int | None = None) -> float:
+    """Training FLOPs (forward + backward); the LM head counted on head_tokens positions
+    (default: every token)."""
     h, L, f = shape.hidden_size, shape.num_hidden_layers, shape.intermediate_size
     kv = shape.num_key_value_heads * h // shape.num_attention_heads
-    matmul_params = L * (h * (h + 2 * kv) + h * h + 3 * h * f) + h * shape.vocab_size
-    dense = 6 * matmul_params * sum(lengths)
+    trunk_params = L * (h * (h + 2 * kv) + h * h + 3 * h * f)
+    head = h * shape.vocab_size * (sum(lengths) if head_tokens is None else head_tokens)
     attention = sum(6 * L * h * n * n for n in lengths)  # fwd QK^T + AV (2 x 2 n^2 h / 2 causal) x 3
-    return dense + attention
+    return 6 * trunk_params * sum(lengths) + 6 * head + attention
 
 
 def timed(fn, steps: int) -> float:
@@ -105,21 +110,19 @@ def timed(fn, steps: int) -> float:
     return (time.perf_counter() - t0) / steps
 
 
-def run_shape(name: str, steps: int, peak: float) -> list[dict]:
+def actor_step_fn(ddp, opt, batch, rows: int):
     import functools
 
     from tandem.config import ActorConfig
     from tandem.train import losses
     from tandem.train.step import train_steps
 
-    shape, model, ddp, opt = build(name)
-    batch, lengths = actor_batch(SHAPES[name]["batch"])
-    rows = len(batch)
     loss_fn = functools.partial(losses.ppo_actor_loss, cfg=ActorConfig(entropy_coeff=0.0), temperature=1.0)
+    return lambda: train_steps(ddp, opt, [batch], rows, loss_fn, "grad_norm", "lr")
 
-    def actor_step():
-        train_steps(ddp, opt, [batch], rows, loss_fn, "grad_norm", "lr")
 
+def plain_step_fn(ddp, opt, rows: int):
+    """GPTModel's own LM loss on full causal rows, megatron's schedule, same optimizer step."""
     ids = torch.randint(0, VOCAB, (rows, SEQ), device="cuda")
 
     def plain_step():
@@ -138,14 +141,29 @@ def run_shape(name: str, steps: int, peak: float) -> list[dict]:
         get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=ddp,
                                     num_microbatches=1, seq_length=SEQ - 1, micro_batch_size=rows)
         opt.step()
+    return plain_step
+
+
+def run_shape(name: str, steps: int, peak: float, variant: str) -> list[dict]:
+    from tandem.models import build as model_build
+
+    model_build.FUSE_ON_GPU = variant != "unfused"
+    torch.cuda.empty_cache()  # the previous variant's model is gone
+    shape, model, ddp, opt = build(name)
+    batch, lengths, response_tokens = actor_batch(SHAPES[name]["batch"])
+    rows = len(batch)
+    actor_step = actor_step_fn(ddp, opt, batch, rows)
+    plain_step = plain_step_fn(ddp, opt, rows)
 
     out = []
-    for kind, fn, lens in (("plain", plain_step, [SEQ - 1] * rows), ("actor", actor_step, lengths)):
+    for kind, fn, lens, head in (("plain", plain_step, [SEQ - 1] * rows, None),
+                                 ("actor", actor_step, lengths, response_tokens)):
         torch.cuda.reset_peak_memory_stats()
         dt = timed(fn, steps)
         toks = sum(lens)
-        out.append(dict(shape=name, kind=kind, batch=f"{rows} x {SEQ}", tokens=toks,
+        out.append(dict(shape=name, kind=kind, variant=variant, batch=f"{rows} x {SEQ}", tokens=toks,
                         step_s=dt, tok_s=toks / dt, mfu=flops(shape, lens) / dt / peak,
+                        mfu_needed=flops(shape, lens, head) / dt / peak,
                         padded_share=1 - toks / (rows * SEQ) if kind == "actor" else 0.0,
                         peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30))
     return out
@@ -155,27 +173,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="0.5b,1.5b")
     p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--variants", default="default",
+                   help="comma list: default, unfused (without megatron's SwiGLU/bias-dropout-add fusions)")
     args = p.parse_args()
     from tandem.dist.parallel import ParallelConfig, init_distributed
 
     rdzv = os.path.join(tempfile.mkdtemp(), "rdzv")
     init_distributed(ParallelConfig(), 0, 1, f"file://{rdzv}", seed=1)
     peak = matmul_rate()
-    rows = [r for name in args.shapes.split(",") for r in run_shape(name, args.steps, peak)]
+    rows = [r for name in args.shapes.split(",") for v in args.variants.split(",")
+            for r in run_shape(name, args.steps, peak, v)]
     import megatron.core
 
     print(f"\n- machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, megatron-core "
           f"{megatron.core.__version__}, {platform.python_version()}")
     print(f"- bf16 matmul rate measured (8192^3): {peak / 1e12:.0f} TFLOP/s")
-    print("\n| shape | path | batch | real tokens | step s | tokens/s | MFU | pad share of the padded input | peak GiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("\n| shape | variant | path | batch | real tokens | step s | tokens/s | MFU | MFU, LM head where needed | pad share of the padded input | peak GiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        print(f"| {r['shape']} | {r['kind']} | {r['batch']} | {r['tokens']} | {r['step_s']:.3f} | "
-              f"{r['tok_s']:,.0f} | {r['mfu']:.3f} | {r['padded_share']:.2f} | {r['peak_gib']:.1f} |")
+        print(f"| {r['shape']} | {r['variant']} | {r['kind']} | {r['batch']} | {r['tokens']} | {r['step_s']:.3f} | "
+              f"{r['tok_s']:,.0f} | {r['mfu']:.3f} | {r['mfu_needed']:.3f} | {r['padded_share']:.2f} | {r['peak_gib']:.1f} |")
     for name in args.shapes.split(","):
-        a = next(r for r in rows if r["shape"] == name and r["kind"] == "actor")
-        b = next(r for r in rows if r["shape"] == name and r["kind"] == "plain")
-        print(f"- {name}: actor/plain MFU ratio {a['mfu'] / b['mfu']:.2f}")
+        for v in args.variants.split(","):
+            a = next(r for r in rows if r["shape"] == name and r["kind"] == "actor" and r["variant"] == v)
+            b = next(r for r in rows if r["shape"] == name and r["kind"] == "plain" and r["variant"] == v)
+            print(f"- {name} {v}: actor/plain MFU ratio {a['mfu'] / b['mfu']:.2f}")
 
 
 if __name__ == "__main__":

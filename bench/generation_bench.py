@@ -13,7 +13,11 @@ Printed per case:
 `--decode modules,fused` (the default) runs each decode path in the same process, before
 and after: `modules` is the megatron modules step, `fused` the fused_step.py functions
 compiled with torch.compile (the GPU default), `fused-eager` the same uncompiled;
-`--runs decode:attn,...` gives pairs instead of `--decode` x `--attn`. `first_run_s`
+`--attn` the decode attention: `triton` (decode_attention.py, the GPU default), `sdpa`,
+`matmul`; `fused-plain` / `fused-step` / `fused-autotune` the fused path in one compile
+mode (fused_step.MODES); `--runs decode:attn,...` gives pairs instead of `--decode` x `--attn`, e.g.
+`--runs fused:sdpa,fused:triton` (before and after the Triton kernel). `attn_used` is the
+attention the runner ran (it falls back to sdpa where the kernel cannot run). `first_run_s`
 includes compilation (unless an earlier run of that batch size compiled) and graph capture.
 `--check` first verifies on the device: greedy output equals full recompute (fp32, CUDA
 graphs on, refill on; each decode path) and sampled first-token frequencies match the
@@ -25,6 +29,7 @@ filtered softmax (the default path).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import socket
@@ -97,13 +102,17 @@ def build(shape, dtype):
 
 
 def decode_kw(decode: str) -> dict:
-    """GenerationEngine arguments of a decode path name."""
-    if decode not in ("modules", "fused", "fused-eager"):
-        raise ValueError(f"decode must be modules, fused or fused-eager, got {decode!r}")
-    return dict(fused_decode=decode != "modules", compile_decode=decode == "fused")
+    """GenerationEngine arguments of a decode path name: modules, fused (the default compile
+    mode), fused-eager, or fused-<mode> for a fused_step.MODES name (fused-plain, ...)."""
+    from tandem.generation.fused_step import MODES
+
+    modes = {"fused": True, "fused-eager": False, **{f"fused-{m}": m for m in MODES}}
+    if decode != "modules" and decode not in modes:
+        raise ValueError(f"decode must be modules or one of {sorted(modes)}, got {decode!r}")
+    return dict(fused_decode=decode != "modules", compile_decode=modes.get(decode, False))
 
 
-def check(runs, dtype=torch.float32) -> None:
+def check(runs, dtype=torch.float32, long_vocab=True) -> None:
     """Greedy == full recompute (each decode path and attention) and the sampled
     distribution (the default path), on this device."""
     from tandem.generation.engine import GenerationEngine
@@ -119,6 +128,8 @@ def check(runs, dtype=torch.float32) -> None:
                for _ in range(12)]
     for decode, attn in runs:
         greedy_check(model, prompts, decode, attn)
+    if long_vocab:
+        long_vocab_check(20000 if device.has_cuda() else 1000)  # 12 GB of fp32 logits at 20000
     # sampled first-token frequencies vs the filtered softmax, T = 0.7, top-k 6, top-p 0.9
     n, temperature, top_k, top_p = 20000, 0.7, 6, 0.9
     prompt = prompts[0]
@@ -133,9 +144,32 @@ def check(runs, dtype=torch.float32) -> None:
     counts = torch.bincount(res.responses[:, 0], minlength=64)
     stat = sum((float(counts[i]) - n * float(expected[i])) ** 2 / (n * float(expected[i])) for i in keep)
     crit = {1: 10.828, 2: 13.816, 3: 16.266, 4: 18.467, 5: 20.515}[len(keep) - 1]
-    emit({"check": "chi2_first_token", "fused": eng.runner.weights is not None, "kept_tokens": len(keep),
+    emit({"check": "chi2_first_token", "fused": eng.runner.weights is not None,
+          "attn_used": eng.runner.decode_attention, "kept_tokens": len(keep),
           "chi2": stat, "crit_0.001": crit, "outside_filter": int(counts.sum() - counts[keep].sum()),
           "ok": bool(stat < crit and int(counts[keep].sum()) == n)})
+
+
+def long_vocab_check(draws: int = 20000) -> None:
+    """The unfiltered sampler at Qwen's vocabulary (two-level draw over 75 blocks), compiled
+    as the fused step compiles it: frequencies of 5 hot tokens in different blocks (one in
+    the partial last block) of bf16 logits against their softmax."""
+    from tandem.generation.sampling import sample_tokens
+
+    v, hot = 151936, [5, 3001, 70000, 151000, 151935]
+    row = torch.full((v,), -40.0)
+    row[hot] = torch.tensor([0.1, 0.3, 0.2, 0.25, 0.15]).log()
+    logits = row.to(device.device(), torch.bfloat16).expand(draws, -1)
+    expected = torch.softmax(logits[0].float(), -1)[hot].cpu()
+    fn = torch.compile(sample_tokens, fullgraph=True, dynamic=False) if device.has_cuda() else sample_tokens
+    rows = torch.arange(draws, device=device.device())
+    tokens, logp = fn(logits, False, 1.0, 0, 1.0, torch.tensor(7, device=device.device()), rows, torch.zeros_like(rows))
+    counts = torch.bincount(tokens.cpu(), minlength=v)[hot].float()
+    stat = float(((counts - draws * expected) ** 2 / (draws * expected)).sum())
+    lp_err = float((logp.cpu() - expected.log()[torch.searchsorted(torch.tensor(hot), tokens.cpu())]).abs().max())
+    emit({"check": "chi2_long_vocab_compiled", "vocab": v, "draws": draws, "chi2": stat, "crit_0.001": 18.467,
+          "outside_hot": int(draws - counts.sum()), "max_logprob_err": lp_err,
+          "ok": bool(stat < 18.467 and counts.sum() == draws and lp_err < 1e-3)})
 
 
 def greedy_check(model, prompts, decode, attn) -> None:
@@ -157,7 +191,8 @@ def greedy_check(model, prompts, decode, attn) -> None:
                 mismatches += tok != int(res.responses[i, t])
                 max_lp = max(max_lp, abs(float(torch.log_softmax(logits, -1)[tok]) - float(res.rollout_log_probs[i, t])))
                 seq.append(tok)
-    emit({"check": "greedy_vs_full_recompute", "decode": decode, "attn": attn, "fused": eng.runner.weights is not None,
+    emit({"check": "greedy_vs_full_recompute", "decode": decode, "attn": attn,
+          "attn_used": eng.runner.decode_attention, "fused": eng.runner.weights is not None,
           "rows": len(prompts), "graphs": len(eng.runner.graphs or []), "tokens": int(res.response_mask.sum()),
           "mismatches": mismatches, "max_logprob_diff": max_lp, "ok": mismatches == 0 and max_lp < 1e-4})
 
@@ -189,7 +224,8 @@ def profile(model, shape, batch, prompt_len, attn, kv_len, decode) -> None:
             for _ in range(5):
                 step()
             device.synchronize()
-    emit({"profile": shape.hidden_size, "decode": decode, "batch": batch, "attn": attn, "kv_len": kv_len,
+    emit({"profile": shape.hidden_size, "decode": decode, "batch": batch, "attn": attn,
+          "attn_used": r.decode_attention, "kv_len": kv_len,
           "first_generate_s": setup, "eager_step_ms": eager * 1e3, "graph_step_ms": graph * 1e3})
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18,
                                     max_name_column_width=70), flush=True)
@@ -214,6 +250,7 @@ def bench_engine(model, shape, batch, prompt_len, new_tokens, rate, sync_every, 
     step_bytes = bytes_per_step(model, shape, batch, context)
     bound_tps = batch / (step_bytes / rate)
     return {"decode": decode, "fused": eng.runner.weights is not None, "attn": attn,
+            "attn_used": eng.runner.decode_attention,
             "engine_decode_tok_s": decode_tps, "engine_e2e_tok_s": batch * new_tokens / t_full,
             "prefill_s": t_prefill, "generate_s": t_full, "first_run_s": t_warm,
             "compile_and_capture_s": t_warm - t_full,
@@ -253,10 +290,15 @@ def main():
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--check", action="store_true")
     ap.add_argument("--sync-every", type=int, default=16)
-    ap.add_argument("--attn", default="sdpa", help="decode attention variants to run: sdpa,matmul")
+    ap.add_argument("--attn", default="triton", help="decode attention variants to run: triton,sdpa,matmul")
     ap.add_argument("--decode", default="modules,fused", help="decode paths to run: modules,fused,fused-eager")
     ap.add_argument("--runs", default=None, help="decode:attn pairs instead of --decode x --attn, "
-                    "e.g. modules:sdpa,fused:sdpa,fused:matmul")
+                    "e.g. modules:sdpa,fused:sdpa,fused:triton")
+    ap.add_argument("--check-runs", default=None, help="decode:attn pairs --check verifies (default: the runs)")
+    ap.add_argument("--check-last", action="store_true", help="--check after the benchmark instead of before")
+    ap.add_argument("--cases", default=None, help="shape:batch list in run order instead of --shapes x --batches, "
+                    "e.g. 0.5b:256,1.5b:256,0.5b:64")
+    ap.add_argument("--no-long-vocab", action="store_true", help="--check without the 152k-vocabulary sampler check")
     ap.add_argument("--profile", action="store_true", help="kernel table of decode steps (the last run)")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run")
     args = ap.parse_args()
@@ -274,12 +316,14 @@ def main():
     emit({"device": name, "torch": torch.__version__, "copy_rate_GBps": rate / 1e9})
     runs = [tuple(r.split(":")) for r in args.runs.split(",")] if args.runs else \
         [(d, a) for a in args.attn.split(",") for d in args.decode.split(",")]
-    if args.check:
-        check(runs)
+    check_runs = [tuple(r.split(":")) for r in args.check_runs.split(",")] if args.check_runs else runs
+    if args.check and not args.check_last:
+        check(check_runs, long_vocab=not args.no_long_vocab)
     dtype = torch.bfloat16 if device.has_cuda() else torch.float32
-    batches = [int(b) for b in args.batches.split(",")]
-    for shape_name in args.shapes.split(","):
-        shape = SHAPES[shape_name]
+    cases = [(c.split(":")[0], int(c.split(":")[1])) for c in args.cases.split(",")] if args.cases else \
+        [(s, int(b)) for s in args.shapes.split(",") for b in args.batches.split(",")]
+    for shape_name, group in itertools.groupby(cases, key=lambda c: c[0]):
+        shape, batches = SHAPES[shape_name], [b for _, b in group]
         model = build(shape, dtype)
         if args.profile and device.has_cuda():
             decode, attn = runs[-1]
@@ -298,6 +342,8 @@ def main():
         del model
         if device.has_cuda():
             torch.cuda.empty_cache()
+    if args.check and args.check_last:
+        check(check_runs, long_vocab=not args.no_long_vocab)
 
 
 if __name__ == "__main__":

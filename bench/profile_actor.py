@@ -6,7 +6,6 @@ actor step (one GPU), top operators by self device time and by self CPU time.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import sys
 import tempfile
@@ -17,28 +16,53 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+CATEGORIES = (  # first match wins: (name, substrings of the kernel name, lower case)
+    ("attention", ("flash", "fmha", "attention", "cudnn")),
+    ("gemm", ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")),
+    ("optimizer", ("adam", "multi_tensor", "foreach")),
+    ("nccl", ("nccl",)),
+    ("copy/cast", ("copy", "cast", "memcpy", "memset", "fill")),
+    ("reduce", ("reduce", "softmax", "norm", "logsumexp")),
+    ("elementwise", ("elementwise", "vectorized", "triton", "index", "gather", "scatter", "cat")),
+)
+
+
+def print_categories(events, steps: int) -> None:
+    """Device time per step by kernel category (CUDA kernels only)."""
+    totals: dict[str, float] = {}
+    for e in events:
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        name = e.key.lower()
+        cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
+        totals[cat] = totals.get(cat, 0.0) + e.self_device_time_total / 1e3 / steps
+    whole = sum(totals.values())
+    print(f"device time per step: {whole:.1f} ms")
+    for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {cat:12s} {ms:8.1f} ms  {ms / whole:6.1%}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="0.5b")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--path", default="actor", choices=("actor", "plain"))
+    p.add_argument("--unfused", action="store_true", help="without megatron's SwiGLU/bias-dropout-add fusions")
     a = p.parse_args()
     import actor_update_mfu as mfu
 
-    from tandem.config import ActorConfig
     from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.models import attention
-    from tandem.train import losses
-    from tandem.train.step import train_steps
+    from tandem.models import attention, build
+
+    build.FUSE_ON_GPU = not a.unfused
 
     init_distributed(ParallelConfig(), 0, 1, f"file://{os.path.join(tempfile.mkdtemp(), 'rdzv')}", seed=1)
     print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'per-sequence SDPA'}")
     shape, model, ddp, opt = mfu.build(a.shape)
-    batch, _ = mfu.actor_batch(mfu.SHAPES[a.shape]["batch"])
-    loss_fn = functools.partial(losses.ppo_actor_loss, cfg=ActorConfig(entropy_coeff=0.0), temperature=1.0)
-
-    def step():
-        train_steps(ddp, opt, [batch], len(batch), loss_fn, "grad_norm", "lr")
+    batch = mfu.actor_batch(mfu.SHAPES[a.shape]["batch"])[0]
+    rows = len(batch)
+    step = mfu.actor_step_fn(ddp, opt, batch, rows) if a.path == "actor" else mfu.plain_step_fn(ddp, opt, rows)
 
     step()
     step()
@@ -49,6 +73,7 @@ def main() -> None:
             step()
         torch.cuda.synchronize()
     events = prof.key_averages()
+    print_categories(events, a.steps)
     print(events.table(sort_by="self_cuda_time_total", row_limit=a.top, max_name_column_width=60))
     print(events.table(sort_by="self_cpu_time_total", row_limit=a.top, max_name_column_width=60))
 

@@ -3,11 +3,14 @@
     python bench/weight_sync.py [--shapes 0.5b,1.5b] [--reps 5]
 
 Two ranks (one GPU each, NCCL; gloo on CPU with TANDEM_BENCH_TINY=1) build a Qwen2.5-shaped
-policy in bf16 at TP=2 and run tandem.dist.reshard.tp1_weights: every parameter's TP
-shards all-gathered and re-laid out (qkv groups, [gate; up]) into full TP=1 tensors on
-each GPU. Printed beside it, measured in the same run on the same GPUs: the device copy
-rate (bytes read + written per second, one large device-to-device copy) and an NCCL
-all-gather of one flat buffer of the model's size. Rank 0 prints a markdown table.
+policy in bf16 at TP=2 and run tandem.dist.reshard.tp1_weights: TP shards all-gathered and
+re-laid out (qkv groups, [gate; up]) into full TP=1 tensors on each GPU, both ways in the same
+run: "bucketed" (the default: one all-gather per bucket of up to BUCKET_BYTES, then views)
+and "per-parameter" (bucket_bytes=0, the former path: one all-gather per parameter). Printed
+beside them, measured in the same run on the same GPUs: the device copy rate (bytes read +
+written per second, one large device-to-device copy) and an NCCL all-gather of one flat
+buffer of the model's size. Every run checks the two paths agree bit for bit. Rank 0 prints
+a markdown table.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
     os.environ["LOCAL_RANK"] = str(rank)
     from tandem.dist import device
     from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.reshard import tp1_weights
+    from tandem.dist.reshard import BUCKET_BYTES, tp1_weights
     from tandem.models.build import build_gpt_model
     from tandem.models.spec import ModelShape
 
@@ -61,17 +64,19 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
         shape = ModelShape(max_position_embeddings=4096, rope_theta=1e6, attention_bias=True,
                            tie_word_embeddings=True, **SHAPES[name])
         model = build_gpt_model(shape, tp=2, params_dtype=dtype)
-        full = tp1_weights(model, shape)
+        full, old = tp1_weights(model, shape), tp1_weights(model, shape, bucket_bytes=0)
+        assert full.keys() == old.keys() and all(torch.equal(full[k], old[k]) for k in full)
         nbytes = sum(t.numel() * t.element_size() for t in full.values())
-        del full
-        sync_s = timed(lambda: tp1_weights(model, shape), reps)
+        del full, old
+        sync_s = {path: timed(lambda: tp1_weights(model, shape, bucket_bytes=b), reps)
+                  for path, b in (("bucketed", BUCKET_BYTES), ("per-parameter", 0))}
         src = torch.empty(nbytes, dtype=torch.uint8, device=device.device())
         dst = torch.empty_like(src)
         copy_s = timed(lambda: dst.copy_(src), reps)
         half = src[: nbytes // 2]
         gathered = [torch.empty_like(half) for _ in range(2)]
         gather_s = timed(lambda: torch.distributed.all_gather(gathered, half), reps)
-        rows.append((name, nbytes, sync_s, 2 * nbytes / copy_s, nbytes / gather_s))
+        rows += [(name, path, nbytes, s, 2 * nbytes / copy_s, nbytes / gather_s) for path, s in sync_s.items()]
         del model, src, dst, half, gathered
         device.empty_cache()
     if rank == 0:
@@ -80,13 +85,14 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
         gpus = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if torch.cuda.is_available()
                 else "CPU (gloo)")
         print(f"\n- machine: {gpus}, torch {torch.__version__}, megatron-core {megatron.core.__version__}, "
-              f"{str(dtype).removeprefix('torch.')} weights, TP=2 -> TP=1, mean of {reps} after a warm-up")
-        print("\n| shape | model bytes | sync s | sync GB/s | copy rate GB/s (read + write) | sync / copy rate "
+              f"{str(dtype).removeprefix('torch.')} weights, TP=2 -> TP=1, mean of {reps} after a warm-up, "
+              f"buckets of {BUCKET_BYTES / 2**20:.0f} MiB")
+        print("\n| shape | path | model bytes | sync | sync GB/s | copy rate GB/s (read + write) | sync / copy rate "
               "| NCCL all-gather GB/s (same bytes) | sync / all-gather |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for name, nbytes, sync_s, copy_rate, gather_rate in rows:
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for name, path, nbytes, sync_s, copy_rate, gather_rate in rows:
             rate = nbytes / sync_s
-            print(f"| {name} | {nbytes / 1e9:.2f} GB | {sync_s * 1e3:.1f} ms | {rate / 1e9:.0f} | "
+            print(f"| {name} | {path} | {nbytes / 1e9:.2f} GB | {sync_s * 1e3:.1f} ms | {rate / 1e9:.0f} | "
                   f"{copy_rate / 1e9:.0f} | {rate / copy_rate:.2f} | {gather_rate / 1e9:.0f} | {rate / gather_rate:.2f} |")
     torch.distributed.barrier()
 

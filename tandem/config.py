@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -46,8 +46,11 @@ class MegatronConfig:
     pipeline_model_parallel_size: int = 1  # megatron-core's pipeline schedules (gloo p2p on CPU)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
     sequence_parallel: bool = False  # split norms/activations along the sequence over TP (needs TP > 1)
+    expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP (expert TP = TP)
     dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
     seed: int = 1
+    # verl's key; only the MoE router load-balancing loss is read from it (OVERRIDE_KEYS below)
+    override_transformer_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +97,10 @@ class RolloutConfig:
     top_k: int = -1  # -1 = off (verl)
     max_batch_size: int = 512  # rows decoded together
     free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
+    # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
+    # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
+    # (tandem/rollout/replica.py). A standalone rollout is always TP=1.
+    tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
 
 
@@ -243,6 +250,12 @@ def _known_keys(node, prefix="") -> list[str]:
     return keys
 
 
+def _under_free_form(key: str, known: list[str]) -> bool:
+    """A key inside a dict-valued section (override_transformer_config: checked by validate())."""
+    head, _, rest = key.rpartition(".override_transformer_config.")
+    return bool(rest) and f"{head}.override_transformer_config" in known
+
+
 def _unknown_key(key: str, known: list[str]) -> ConfigError:
     near = difflib.get_close_matches(key, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
@@ -263,7 +276,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             known = _known_keys(base)
             for o in overrides:  # name the whole dotted key (OmegaConf names only its first unknown part)
                 key = o.split("=", 1)[0].strip()
-                if key not in known:
+                if key not in known and not _under_free_form(key, known):
                     raise _unknown_key(key, known)
             layers.append(OmegaConf.from_dotlist(overrides))
         merged = OmegaConf.merge(*layers)
@@ -351,29 +364,51 @@ def _validate_parallel(cfg: TandemConfig) -> None:
     """Layouts that cannot work, before anything starts (heads are checked by each service)."""
     layouts = [("actor", "actor_rollout_ref.actor.megatron", cfg.actor_rollout_ref.actor.megatron),
                ("critic", "critic.megatron", cfg.critic.megatron)]
+    hf = _hf_config(cfg.actor_rollout_ref.model)
     for role, key, m in layouts:
-        tp, pp = m.tensor_model_parallel_size, m.pipeline_model_parallel_size
+        tp, pp, ep = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size
         world = getattr(cfg.services, role).world_size
         _check(m.dtype in ("float32", "bfloat16"), f"{key}.dtype", f"{m.dtype!r}; known: ['bfloat16', 'float32']")
         _check(tp >= 1, f"{key}.tensor_model_parallel_size", "must be >= 1")
         _check(pp >= 1, f"{key}.pipeline_model_parallel_size", "must be >= 1")
-        _check(world >= 1 and world % (tp * pp) == 0, f"services.{role}.world_size",
-               f"{world} is not a multiple of tensor x pipeline parallel = {tp} x {pp}")
+        _check(ep >= 1, f"{key}.expert_model_parallel_size", "must be >= 1")
+        _check(world >= 1 and world % (tp * pp * ep) == 0, f"services.{role}.world_size",
+               f"{world} is not a multiple of tensor x pipeline x expert parallel = {tp} x {pp} x {ep}")
+        _validate_moe(key, m, hf)
         dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
         mini = (cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic).ppo_mini_batch_size
         rows = mini * cfg.actor_rollout_ref.rollout.n
-        _check(rows >= dp, f"{'actor_rollout_ref.actor' if role == 'actor' else 'critic'}.ppo_mini_batch_size",
+        section = "actor_rollout_ref.actor" if role == "actor" else "critic"
+        _check(rows >= dp, f"{section}.ppo_mini_batch_size",
                f"{mini} prompts x rollout.n = {rows} rows per optimizer step < {dp} data-parallel ranks of the {role}")
-        heads, groups = _heads(cfg.actor_rollout_ref.model)
+        _check(ep == 1 or rows % dp == 0, f"{section}.ppo_mini_batch_size",
+               f"{mini} prompts x rollout.n = {rows} rows must split evenly over {dp} data-parallel ranks at "
+               f"expert_model_parallel_size={ep} (expert all-to-alls run every rank in lockstep)")
+        batch_rows = cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n
+        _check(ep == 1 or batch_rows % dp == 0, "data.train_batch_size",
+               f"{cfg.data.train_batch_size} prompts x rollout.n = {batch_rows} rows must split evenly over {dp} "
+               f"data-parallel ranks of the {role} at expert_model_parallel_size={ep}")
+        heads, groups = _heads(cfg.actor_rollout_ref.model, hf)
         _check(heads % tp == 0 and groups % tp == 0, f"{key}.tensor_model_parallel_size",
                f"{tp} must divide num_attention_heads={heads} and num_key_value_heads={groups}")
+    a = cfg.actor_rollout_ref
+    _check(a.actor.megatron.expert_model_parallel_size == 1 or a.rollout.mode == "standalone",
+           "actor_rollout_ref.rollout.mode",
+           f"{a.rollout.mode!r} with actor_rollout_ref.actor.megatron.expert_model_parallel_size="
+           f"{a.actor.megatron.expert_model_parallel_size}: set standalone (a colocated rollout generates on "
+           "each data-parallel rank on its own, but expert-parallel ranks must run every forward together)")
+    rollout_tp, actor_tp = a.rollout.tensor_model_parallel_size, a.actor.megatron.tensor_model_parallel_size
+    _check(rollout_tp in (None, 1, actor_tp) and (rollout_tp in (None, 1) or a.rollout.mode == "colocated"),
+           "actor_rollout_ref.rollout.tensor_model_parallel_size",
+           f"{rollout_tp}: a colocated rollout generates at the actor's TP ({actor_tp}, null) or at 1 "
+           "(a TP=1 copy on every rank); a standalone rollout at 1")
     rollout_world = cfg.services.rollout.world_size
     _check(rollout_world >= 1, "services.rollout.world_size", "must be >= 1")
-    a = cfg.actor_rollout_ref
-    _check(a.actor.megatron.pipeline_model_parallel_size == 1,
-           "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size",
-           "a run needs 1: generation at PP > 1 is not available yet (the actor's update and "
-           "log-prob paths run at PP > 1: bench/actor_parallel.py, tests/multirank)")
+    pp = a.actor.megatron.pipeline_model_parallel_size
+    _check(pp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,
+           "actor_rollout_ref.rollout.tensor_model_parallel_size",
+           f"{rollout_tp} with actor pipeline_model_parallel_size={pp}: generation does not run on "
+           "pipeline stages; set 1 (a whole TP=1 copy on every rank) or rollout.mode=standalone")
     _check(cfg.trainer.resume_mode in ("disable", "auto", "resume_path"), "trainer.resume_mode",
            f"{cfg.trainer.resume_mode!r}; known: ['auto', 'disable', 'resume_path']")
     _check(cfg.trainer.resume_mode != "resume_path" or bool(cfg.trainer.resume_from_path),
@@ -381,13 +416,80 @@ def _validate_parallel(cfg: TandemConfig) -> None:
     _check(cfg.trainer.save_freq >= 0, "trainer.save_freq", "must be >= 0")
 
 
-def _heads(model: ModelConfig) -> tuple[int, int]:
-    """(attention heads, key/value heads) of the built-in shape or of model.path's config.json."""
+# The override_transformer_config keys Tandem reads (verl passes any TransformerConfig field through;
+# here the layer spec and numerics are fixed by the model, so other keys are refused, not ignored).
+LOAD_BALANCING_TYPES = ("none", "aux_loss")
+OVERRIDE_KEYS = ("moe_router_load_balancing_type", "moe_aux_loss_coeff")
+
+
+def _validate_moe(key: str, m: MegatronConfig, hf: Optional[dict]) -> None:
+    """Expert parallelism and the router load-balancing loss against the model's experts."""
+    ep, tp = m.expert_model_parallel_size, m.tensor_model_parallel_size
+    experts = _num_experts(hf)
+    over = m.override_transformer_config
+    unknown = sorted(set(over) - set(OVERRIDE_KEYS))
+    _check(not unknown, f"{key}.override_transformer_config",
+           f"unsupported keys {unknown}; supported: {list(OVERRIDE_KEYS)}")
+    kind = over.get("moe_router_load_balancing_type")
+    _check(kind is None or kind in LOAD_BALANCING_TYPES,
+           f"{key}.override_transformer_config.moe_router_load_balancing_type",
+           f"{kind!r}; supported: {list(LOAD_BALANCING_TYPES)} (seq_aux_loss / global_aux_loss / sinkhorn "
+           "are not: micro-batches are packed rows)")
+    coeff = over.get("moe_aux_loss_coeff")
+    _check(coeff is None or (isinstance(coeff, (int, float)) and not isinstance(coeff, bool) and coeff >= 0),
+           f"{key}.override_transformer_config.moe_aux_loss_coeff", f"{coeff!r} must be a number >= 0")
+    if not experts:
+        _check(ep == 1, f"{key}.expert_model_parallel_size",
+               f"{ep} needs a mixture-of-experts model (actor_rollout_ref.model.path with num_experts); "
+               "this model is dense")
+        _check(kind in (None, "none") and not coeff, f"{key}.override_transformer_config",
+               "a router load-balancing loss needs a mixture-of-experts model; this model is dense")
+        return
+    _check(experts % ep == 0, f"{key}.expert_model_parallel_size",
+           f"{ep} must divide num_experts={experts} (actor_rollout_ref.model.path config.json)")
+    _check(tp == 1 or m.sequence_parallel, f"{key}.sequence_parallel",
+           f"must be true for a mixture-of-experts model at tensor_model_parallel_size={tp} "
+           "(megatron-core trains MoE layers under TP only with sequence parallelism)")
+
+
+def router_aux_loss_coeff(m: MegatronConfig, model: ModelConfig) -> float:
+    """The MoE router load-balancing loss coefficient a role trains with (0.0: off).
+
+    Like transformers, which adds router_aux_loss_coef x its loss only when config.json sets
+    output_router_logits: on by default exactly then (verl's mbridge leaves it off for RL);
+    override_transformer_config.moe_router_load_balancing_type (none | aux_loss) and
+    .moe_aux_loss_coeff (default: router_aux_loss_coef, else 0.001) decide otherwise."""
+    hf = _hf_config(model)
+    if not _num_experts(hf):
+        return 0.0
+    over = m.override_transformer_config
+    coeff = float(over.get("moe_aux_loss_coeff", hf.get("router_aux_loss_coef", 0.001)))
+    kind = over.get("moe_router_load_balancing_type")
+    if kind is None:
+        kind = "aux_loss" if ("moe_aux_loss_coeff" in over or hf.get("output_router_logits")) else "none"
+    return coeff if kind == "aux_loss" else 0.0
+
+
+def _hf_config(model: ModelConfig) -> Optional[dict]:
+    """model.path's config.json, or None for the built-in shape (a bad path is reported on its own)."""
     if model.path is None or not os.path.isfile(os.path.join(model.path, "config.json")):
-        return model.num_attention_heads, model.num_key_value_heads  # (a bad path is reported on its own)
+        return None
     import json
 
     with open(os.path.join(model.path, "config.json")) as f:
-        c = json.load(f)
-    heads = int(c.get("num_attention_heads", 1))
-    return heads, int(c.get("num_key_value_heads") or heads)
+        return json.load(f)
+
+
+def _num_experts(hf: Optional[dict]) -> int:
+    """Routed experts of a config.json (0: dense); transformers 5 spells it num_local_experts."""
+    if not hf:
+        return 0
+    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+
+
+def _heads(model: ModelConfig, hf: Optional[dict]) -> tuple[int, int]:
+    """(attention heads, key/value heads) of the built-in shape or of model.path's config.json."""
+    if hf is None:
+        return model.num_attention_heads, model.num_key_value_heads
+    heads = int(hf.get("num_attention_heads", 1))
+    return heads, int(hf.get("num_key_value_heads") or heads)

@@ -26,7 +26,7 @@ def main(argv=None) -> None:
     m = cfg.actor_rollout_ref.actor.megatron
     tokenizer = load_tokenizer(cfg)
     init_service("actor", args, cfg.services.actor.torch_threads, m.seed,
-                 parallel=ParallelConfig(m.tensor_model_parallel_size, m.pipeline_model_parallel_size),
+                 parallel=ParallelConfig.of(m),
                  world_size=cfg.services.actor.world_size,
                  shape=model_shape(cfg.actor_rollout_ref.model, len(tokenizer)))
     worker = ActorWorker(cfg, len(tokenizer))
@@ -35,7 +35,8 @@ def main(argv=None) -> None:
     if colocated:
         rollout = cfg.actor_rollout_ref.rollout
         targets["rollout"] = hybrid.colocated_rollout_worker(
-            worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine)
+            worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
+            rollout.tensor_model_parallel_size)
     group = RankGroup(targets)
     if not group.is_front:
         group.follow()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from services.actor.worker import ActorWorker
 from tandem.data.batch import DataProto
-from tandem.dist.dispatch import combine_train_metrics, gather_rows, layout, train_layout
+from tandem.dist.dispatch import check_lockstep, combine_train_metrics, gather_rows, layout, train_layout
 from tandem.dist.rank_group import RankGroup
 from tandem.train.losses import loss_units
 
@@ -21,6 +21,7 @@ class ActorFront:
         self.actor_cfg = local.actor_cfg
         self.vocab_size = local.vocab_size
         self.dp = group.dp_size
+        self.lockstep = self.actor_cfg.megatron.expert_model_parallel_size > 1  # see check_lockstep
         self.weights_version = 0
         self.update_calls = 0
 
@@ -37,6 +38,8 @@ class ActorFront:
     def _log_probs(self, batch: DataProto, which: str, entropy: bool, rows_per_mini: int,
                    micro_rows: int) -> DataProto:
         lay = layout(batch, rows_per_mini, self.dp)
+        if self.lockstep:
+            check_lockstep(lay, micro_rows)
         temperature = float(batch.meta.get("temperature", 1.0))
         results = self.group.run("actor", "log_probs",
                                  [(s, which, temperature, entropy, micro_rows) for s in lay.shards])
@@ -64,6 +67,8 @@ class ActorFront:
         lay = train_layout(batch, self._rows_per_mini(batch), self.dp, epochs=a.ppo_epochs,
                            shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
                            units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
+        if self.lockstep:
+            check_lockstep(lay, a.ppo_micro_batch_size_per_gpu)
         temperature = float(batch.meta.get("temperature", 1.0))
         results = self.group.run("actor", "update", [(s, temperature) for s in lay.shards])
         self.update_calls += 1
@@ -74,6 +79,8 @@ class ActorFront:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""
         lay = train_layout(batch, len(batch), self.dp, epochs=1, shuffle=False, seed=0,  # tokens predicted:
                            units=lambda mini: loss_units(mini["loss_mask"][:, 1:], "token-mean"))
+        if self.lockstep:
+            check_lockstep(lay, self.actor_cfg.ppo_micro_batch_size_per_gpu)
         results = self.group.run("actor", "train_sft", [(s,) for s in lay.shards])
         self.weights_version += 1
         return combine_train_metrics(results, 1)
@@ -82,9 +89,7 @@ class ActorFront:
         self.group.run_all("actor", "set_reference")
 
     def export_weights(self):
-        """Full weights in the TP=1 layout (gathered over TP when the actor is sharded)."""
-        if self.cfg.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size > 1:
-            raise ValueError("export_weights: the actor runs at PP > 1; weight export needs PP = 1")
+        """Full weights in the TP=1, PP=1 layout (gathered over TP, EP and pipeline stages)."""
         return self.group.run_all("actor", "export_weights")[0]
 
     def export_hf(self, out_dir: str) -> str:

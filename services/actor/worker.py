@@ -17,11 +17,12 @@ from tandem.config import OptimConfig, TandemConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.build import build_gpt_model
+from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer, wrap_ddp
-from tandem.train.schedule import run_schedule
+from tandem.train.schedule import reads_responses_only, run_schedule
 from tandem.train.step import train_steps
 
 
@@ -35,17 +36,18 @@ class ActorWorker:
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
         self.architecture = _architecture(cfg.actor_rollout_ref.model.path)
-        tp, pp = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size
+        tp, pp, ep = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.expert_model_parallel_size
         dtype = device.parse_dtype(mcfg.dtype)
         sp = mcfg.sequence_parallel
-        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype, sequence_parallel=sp)
+        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp)
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
             from tandem.convert.hf_load import load_hf_weights
 
             load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
                             ps.get_tensor_model_parallel_rank(), tp)
         self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
-        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, params_dtype=dtype, sequence_parallel=sp)  # megatron modules hold process groups: no deepcopy
+        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp)  # megatron modules hold process groups: no deepcopy
+        self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
         self.set_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
@@ -59,6 +61,7 @@ class ActorWorker:
         model = self.ddp if which == "policy" else self.ref
         model.eval()
 
+        @reads_responses_only
         def loss_fn(output, mb):
             lp, ent = losses.response_log_probs(output, mb, temperature, with_entropy=entropy)
             out = {"log_probs": lp.float().cpu()}
@@ -92,8 +95,12 @@ class ActorWorker:
         if self._last_trained is not None and self._last_trained is not optimizer:
             optimizer.reload_model_params()  # the other optimizer moved the weights (bf16 main copies)
         self._last_trained = optimizer
-        return train_steps(self.ddp, optimizer, shards, self.actor_cfg.ppo_micro_batch_size_per_gpu,
-                           loss_fn, grad_norm_key, lr_key)
+        micro_rows = self.actor_cfg.ppo_micro_batch_size_per_gpu
+        moe_key = M.ACTOR_MOE_LOAD_BALANCING_LOSS if optimizer is self.optimizer else M.SFT_MOE_LOAD_BALANCING_LOSS
+        with self.load_balancing.update(shards, micro_rows, moe_key) as moe_metrics:
+            out = train_steps(self.ddp, optimizer, shards, micro_rows, loss_fn, grad_norm_key, lr_key)
+        out["weighted"].update(moe_metrics)
+        return out
 
     def set_reference(self) -> None:
         """reference := current policy (after the SFT warm start)."""
@@ -105,18 +112,21 @@ class ActorWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The policy in the TP=1 layout (what a standalone rollout at TP=1 loads), on TP rank 0
         of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 the TP
-        ranks of DP rank 0 take part in the gather."""
+        ranks of DP rank 0 take part in the gather, at EP > 1 every rank (experts live on
+        other DP ranks)."""
         from megatron.core import parallel_state as ps
 
-        if ps.get_data_parallel_rank() != 0:  # every DP replica holds the same weights
-            return None
-        if self.actor_cfg.megatron.tensor_model_parallel_size == 1:
+        mcfg = self.actor_cfg.megatron
+        ep = mcfg.expert_model_parallel_size
+        if ps.get_data_parallel_rank() != 0 and ep == 1:  # every DP replica holds the same weights
+            return None  # (at EP > 1 the other DP ranks hold the other experts: every rank gathers)
+        if mcfg.tensor_model_parallel_size == 1 and ep == 1 and mcfg.pipeline_model_parallel_size == 1:
             weights = checkpoint.model_weights(self.policy)
         else:
             from tandem.dist.reshard import tp1_weights
 
             weights = tp1_weights(self.policy, self.shape)
-        if ps.get_tensor_model_parallel_rank() != 0:
+        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
             return None
         return {k: v.detach().cpu() for k, v in weights.items()}
 

@@ -22,7 +22,7 @@ def main(argv=None) -> None:
     m = cfg.critic.megatron
     tokenizer_len = len(load_tokenizer(cfg))
     init_service("critic", args, cfg.services.critic.torch_threads, m.seed,
-                 parallel=ParallelConfig(m.tensor_model_parallel_size, m.pipeline_model_parallel_size),
+                 parallel=ParallelConfig.of(m),
                  world_size=cfg.services.critic.world_size,
                  shape=model_shape(cfg.actor_rollout_ref.model, tokenizer_len))
     worker = CriticWorker(cfg, tokenizer_len)

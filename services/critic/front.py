@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from services.critic.worker import CriticWorker
 from tandem.data.batch import DataProto
-from tandem.dist.dispatch import combine_train_metrics, gather_rows, layout, train_layout
+from tandem.dist.dispatch import check_lockstep, combine_train_metrics, gather_rows, layout, train_layout
 from tandem.dist.rank_group import RankGroup
 from tandem.train.losses import loss_units
 
@@ -16,6 +16,7 @@ class CriticFront:
         self.critic_cfg = local.critic_cfg
         self.vocab_size = local.vocab_size
         self.dp = group.dp_size
+        self.lockstep = self.critic_cfg.megatron.expert_model_parallel_size > 1  # see check_lockstep
         self.update_calls = 0
 
     def _rows_per_mini(self, batch: DataProto) -> int:
@@ -25,6 +26,8 @@ class CriticFront:
     def compute_values(self, batch: DataProto) -> DataProto:
         lay = layout(batch, self._rows_per_mini(batch), self.dp)
         micro = self.critic_cfg.ppo_micro_batch_size_per_gpu
+        if self.lockstep:
+            check_lockstep(lay, micro)
         results = self.group.run("critic", "values", [(s, micro) for s in lay.shards])
         return gather_rows(lay, results, len(batch))
 
@@ -33,6 +36,8 @@ class CriticFront:
         lay = train_layout(batch, self._rows_per_mini(batch), self.dp, epochs=c.ppo_epochs, shuffle=False,
                            seed=self.cfg.trainer.seed + self.update_calls,
                            units=lambda mini: loss_units(mini["response_mask"], c.loss_agg_mode))
+        if self.lockstep:
+            check_lockstep(lay, c.ppo_micro_batch_size_per_gpu)
         results = self.group.run("critic", "update", [(s,) for s in lay.shards])
         self.update_calls += 1
         return combine_train_metrics(results, len(lay.minis))

@@ -15,6 +15,7 @@ from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.build import build_gpt_model
+from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
 from tandem.train.microbatch import micro_batches
@@ -31,10 +32,11 @@ class CriticWorker:
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
         self.model = build_gpt_model(self.shape, head="scalar", tp=m.tensor_model_parallel_size,
-                                     pp=m.pipeline_model_parallel_size,
+                                     pp=m.pipeline_model_parallel_size, ep=m.expert_model_parallel_size,
                                      params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel)
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
+        self.load_balancing = load_balancing(self.model, self.shape, m, cfg.actor_rollout_ref.model)
 
     @torch.no_grad()
     def values(self, shards: list[DataProto | None], micro_rows: int) -> list[DataProto | None]:
@@ -53,8 +55,11 @@ class CriticWorker:
 
     def update(self, shards: list[DataProto]) -> dict:
         loss_fn = functools.partial(losses.critic_loss, cfg=self.critic_cfg)
-        return train_steps(self.ddp, self.optimizer, shards, self.critic_cfg.ppo_micro_batch_size_per_gpu,
-                           loss_fn, M.CRITIC_GRAD_NORM, "critic/lr")
+        micro_rows = self.critic_cfg.ppo_micro_batch_size_per_gpu
+        with self.load_balancing.update(shards, micro_rows, M.CRITIC_MOE_LOAD_BALANCING_LOSS) as moe_metrics:
+            out = train_steps(self.ddp, self.optimizer, shards, micro_rows, loss_fn, M.CRITIC_GRAD_NORM, "critic/lr")
+        out["weighted"].update(moe_metrics)
+        return out
 
     def save(self, path: str, meta: dict) -> str:
         return checkpoint.save_models(path, {"critic": self.model}, self.optimizer, meta)

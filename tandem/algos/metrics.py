@@ -38,6 +38,13 @@ ACTOR_KL_LOSS = _define("actor/kl_loss", "KL-to-reference loss term, before mult
 ACTOR_KL_COEF = _define("actor/kl_coef", "coefficient of the KL-to-reference loss term")
 ACTOR_GRAD_NORM = _define("actor/grad_norm", "global L2 norm of actor gradients before clipping")
 ACTOR_LR = _define("actor/lr", "actor learning rate at this step")
+ACTOR_MOE_LOAD_BALANCING_LOSS = _define(
+    "actor/moe_load_balancing_loss", "MoE router load-balancing loss (megatron-core's aux_loss; 1.0 = balanced) "
+    "per MoE layer, token-weighted over micro-batches; trained with moe_aux_loss_coeff (MoE models only)"
+)
+SFT_MOE_LOAD_BALANCING_LOSS = _define(
+    "sft/moe_load_balancing_loss", "the same during the supervised warm start (MoE models only)"
+)
 ACTOR_REWARD_KL_PENALTY = _define(
     "actor/reward_kl_penalty", "KL(rollout policy || reference) per token, averaged per row then over rows"
 )
@@ -51,6 +58,9 @@ CRITIC_VF_CLIPFRAC = _define("critic/vf_clipfrac", "fraction of tokens where the
 CRITIC_VPRED_MEAN = _define("critic/vpred_mean", "mean over response tokens of current critic predictions")
 CRITIC_GRAD_NORM = _define("critic/grad_norm", "global L2 norm of critic gradients before clipping")
 CRITIC_LR = _define("critic/lr", "critic learning rate at this step")
+CRITIC_MOE_LOAD_BALANCING_LOSS = _define(
+    "critic/moe_load_balancing_loss", "the critic trunk's MoE router load-balancing loss (as actor/...)"
+)
 
 # ---- data of the step (compute_data_metrics) -----------------------------------
 CRITIC_SCORE_MEAN = _define("critic/score/mean", "mean over rows of the sequence score (sum of token_level_scores)")

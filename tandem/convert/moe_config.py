@@ -6,7 +6,8 @@ layers have experts: layer i is MoE iff i is not in mlp_only_layers and
 (i + 1) % decoder_sparse_step == 0 (transformers' rule); the others are dense SwiGLU MLPs of
 intermediate_size. Refused (ValueError naming the key): attention_bias (it also biases
 o_proj), sliding windows, no MoE layer at all, non-SiLU activations, rope scaling.
-router_aux_loss_coef / output_router_logits only matter to HF's training loss: not read.
+router_aux_loss_coef / output_router_logits (the load-balancing loss in training) are not part
+of the shape: tandem.config.router_aux_loss_coeff reads them.
 """
 from __future__ import annotations
 

@@ -70,12 +70,14 @@ def gather_rows(lay: Layout, results: list[list[DataProto | None]], num_rows: in
 def train_layout(batch: DataProto, rows_per_mini: int, dp: int, *, epochs: int, shuffle: bool,
                  seed: int, units: Callable[[DataProto], int]) -> Layout:
     """`layout` for an update: no empty shard, and each shard's meta carries its whole
-    mini-batch's loss units (`units(mini)`: what the gradient is divided by)."""
+    mini-batch's loss units (`units(mini)`: what the gradient is divided by) and tokens (what
+    the MoE load-balancing loss is averaged over, tandem/models/moe_aux_loss.py)."""
     lay = layout(batch, rows_per_mini, dp, epochs=epochs, shuffle=shuffle, seed=seed, allow_empty=False)
     for mini, shards in zip(lay.minis, zip(*lay.shards)):
-        n = units(mini)
+        n, tokens = units(mini), int(mini["attention_mask"].sum())
         for s in shards:
             s.meta["loss_units"] = n
+            s.meta["tokens"] = tokens
     return lay
 
 
@@ -88,3 +90,18 @@ def combine_train_metrics(results: list[dict], num_minis: int) -> dict[str, floa
             out[k] = out.get(k, 0.0) + v / num_minis
     out.update(results[0]["steps"])
     return out
+
+
+def check_lockstep(lay: Layout, micro_rows: int) -> None:
+    """Expert parallelism: every MoE layer's all-to-all spans data-parallel ranks, so every DP
+    rank must run the same number of micro-batches in each mini-batch (or all wait forever)."""
+    from tandem.rpc.errors import InvalidArgument
+
+    for i, shards in enumerate(zip(*lay.shards)):
+        counts = [0 if s is None else -(-len(s) // micro_rows) for s in shards]
+        if len(set(counts)) > 1:
+            rows = [0 if s is None else len(s) for s in shards]
+            raise InvalidArgument(
+                f"batch: mini-batch {i} splits into {rows} rows = {counts} micro-batches of up to {micro_rows} "
+                f"rows over {len(shards)} data-parallel ranks; expert parallelism needs the same number of "
+                f"micro-batches on every rank (send mini-batches of a multiple of {len(shards)} rows)")

@@ -24,7 +24,14 @@ class ParallelConfig:
     def dp(self, world_size: int) -> int:
         return world_size // (self.tp * self.pp)
 
-    def validate(self, world_size: int, num_heads: int, num_query_groups: int) -> None:
+    @classmethod
+    def of(cls, megatron_cfg) -> "ParallelConfig":
+        """A role's layout from its config section (tandem.config.MegatronConfig)."""
+        return cls(megatron_cfg.tensor_model_parallel_size, megatron_cfg.pipeline_model_parallel_size,
+                   megatron_cfg.expert_model_parallel_size)
+
+    def validate(self, world_size: int, num_heads: int, num_query_groups: int, num_experts: int = 0) -> None:
+        """num_experts: the model's routed experts (0: dense)."""
         problems = []
         if self.tp < 1 or self.pp < 1:
             problems.append(f"tensor_model_parallel_size={self.tp} and pipeline_model_parallel_size={self.pp} must be >= 1")
@@ -37,6 +44,10 @@ class ParallelConfig:
         if self.ep < 1 or world_size % (self.ep * self.tp * self.pp):
             problems.append(f"expert_model_parallel_size={self.ep}: world size {world_size} is not divisible "
                             f"by ep x tp x pp = {self.ep} x {self.tp} x {self.pp}")
+        elif self.ep > 1 and not num_experts:
+            problems.append(f"expert_model_parallel_size={self.ep} needs a model with experts (this one is dense)")
+        elif num_experts % self.ep:
+            problems.append(f"num_experts={num_experts} is not divisible by expert_model_parallel_size={self.ep}")
         if problems:
             raise ValueError("invalid parallel layout: " + "; ".join(problems))
 

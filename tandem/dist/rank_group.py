@@ -1,6 +1,7 @@
 """The control plane of a multi-rank service: rank 0 (the front door) runs methods on all ranks.
 
-Rank 0 broadcasts (target, method), scatters each rank its arguments (by its DP rank),
+Rank 0 broadcasts (target, method), scatters each rank its arguments (by its DP rank, or
+per rank for `run_ranks`),
 every rank runs the method, and rank 0 gathers the results of the output ranks (TP rank 0
 of the last pipeline stage), one per DP rank. All of this goes over a gloo group: commands
 and batches are pickled CPU objects, small next to the model work they start. Ranks > 0
@@ -54,10 +55,21 @@ class RankGroup:
         (None = nothing to do there); -> the output ranks' results in DP order."""
         if len(per_dp_args) != self.dp_size:
             raise ValueError(f"{len(per_dp_args)} argument sets for {self.dp_size} DP ranks")
-        dist.broadcast_object_list([(target, method)], src=0, group=self.group)
+        gathered = self._call(target, method, [per_dp_args[i.dp] for i in self.infos], False)
+        return [gathered[i.rank][0] for i in self.output_ranks]
+
+    def run_ranks(self, target: str, method: str, per_rank_args: list[tuple]) -> list:
+        """Rank 0: run target.method(*args) on every rank with its own args (ranks that work
+        independently, e.g. TP=1 rollout replicas); -> every rank's result, in rank order."""
+        if len(per_rank_args) != self.world:
+            raise ValueError(f"{len(per_rank_args)} argument sets for {self.world} ranks")
+        return [result for result, _ in self._call(target, method, per_rank_args, True)]
+
+    def _call(self, target: str, method: str, per_rank_args: list, every: bool) -> list:
+        dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)
         mine: list = [None]
-        dist.scatter_object_list(mine, [per_dp_args[i.dp] for i in self.infos], src=0, group=self.group)
-        outcome = self._execute(target, method, mine[0])
+        dist.scatter_object_list(mine, per_rank_args, src=0, group=self.group)
+        outcome = self._execute(target, method, mine[0], every)
         gathered: list = [None] * self.world
         dist.gather_object(outcome, gathered, dst=0, group=self.group)
         for rank, (_, error) in enumerate(gathered):
@@ -65,7 +77,7 @@ class RankGroup:
                 kind, message = error
                 raise (ValueError if kind == "ValueError" else RuntimeError)(
                     message if kind == "ValueError" else f"rank {rank}: {kind}: {message}")
-        return [gathered[i.rank][0] for i in self.output_ranks]
+        return gathered
 
     def run_all(self, target: str, method: str, *args) -> list:
         """The same arguments on every DP rank."""
@@ -80,19 +92,20 @@ class RankGroup:
                 return
             mine: list = [None]
             dist.scatter_object_list(mine, None, src=0, group=self.group)
-            outcome = self._execute(*cmd[0], mine[0])
+            target, method, every = cmd[0]
+            outcome = self._execute(target, method, mine[0], every)
             dist.gather_object(outcome, None, dst=0, group=self.group)
 
     def stop(self) -> None:
         if self.world > 1:
             dist.broadcast_object_list([None], src=0, group=self.group)
 
-    def _execute(self, target: str, method: str, args: tuple | None):
+    def _execute(self, target: str, method: str, args: tuple | None, every: bool = False):
         if args is None:
             return None, None
         try:
             result = getattr(self.targets[target], method)(*args)
-            return (result if self.me.is_output else None), None
+            return (result if every or self.me.is_output else None), None
         except Exception as e:  # reported to rank 0, which raises it for the RPC
             if self.world > 1:
                 log.error("rank_call_failed", target=target, method=method, error=traceback.format_exc())

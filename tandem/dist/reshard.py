@@ -1,16 +1,24 @@
-"""Training TP layout -> TP=1 layout: the weights a generation engine at TP=1 (or a
-standalone rollout) loads, gathered over the TP group on the device.
+"""Training layout -> TP=1 (and EP=1) layout: the weights a generation engine at TP=1 (or a
+standalone rollout) loads, gathered on the device.
 
-Each parameter's TP shards are all-gathered (NCCL on GPUs), then re-laid out through the
-same typed mappings that import Hugging Face checkpoints (tandem/convert/mapping.py): a
-plain concatenation is wrong for linear_fc1 ([gate_r; up_r] per rank) and must follow
-the per-group interleave of linear_qkv. Every TP rank gets the full weights.
+Split parameters are gathered in buckets: every rank flattens its shards of many parameters
+into one buffer, one all-gather per bucket brings every rank's buffer (NCCL on GPUs), and
+each parameter's TP=1 tensor is assembled from views of the result (one copy). A plain
+concatenation is right for the row-split tensors (embedding, head, linear_qkv: TP slices whole
+query groups), not for linear_fc1 ([gate_r; up_r] per rank) or the column-split ones; the
+typed mappings (tandem/convert/mapping.py) say which is which. Replicated tensors (norms,
+routers) are returned as they are. Routed experts (MoE) are gathered over the expert-TP group,
+then every expert-parallel rank's experts over the EP group, and named by their global index.
+`bucket_bytes=0` keeps the former path (one all-gather per parameter; bench/weight_sync.py
+compares the two). Every TP rank gets the full weights; at EP > 1 every rank of the EP group.
 """
 from __future__ import annotations
 
 import torch
 
-from tandem.convert.mapping import Direct, expand_mappings
+from tandem.convert.mapping import QKV, Direct, GatedMLP, Mapping, expand_mappings
+
+BUCKET_BYTES = 1 << 30  # per all-gather (before gathering): fewer collectives vs. peak memory
 
 
 def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -23,20 +31,162 @@ def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
     return out
 
 
-def tp1_weights(model, shape, tp_group=None) -> dict[str, torch.Tensor]:
-    """{megatron name: tensor in the TP=1 layout} on this rank's device (collective over TP).
-    Pipeline parallelism and MoE are not handled (their weights span other groups)."""
-    from megatron.core import parallel_state
+def _all_gather_flat(out: torch.Tensor, flat: torch.Tensor, group) -> None:
+    gather = getattr(torch.distributed, "all_gather_single", None) or torch.distributed.all_gather_into_tensor
+    gather(out, flat, group=group)
 
-    if getattr(shape, "moe", None) is not None:
-        raise ValueError("TP=1 weight sync: MoE models are not supported yet")
-    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise ValueError("TP=1 weight sync: pipeline_model_parallel_size > 1 is not supported")
-    group = tp_group if tp_group is not None else parallel_state.get_tensor_model_parallel_group()
+
+def gather_shards_bucketed(tensors: list[torch.Tensor], group, bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """`gather_shards` of many same-dtype tensors with one all-gather per bucket of up to
+    `bucket_bytes` (a larger tensor gets a bucket of its own): per tensor, every rank's copy
+    as a view of the gathered buffer."""
+    world = 1 if group is None else torch.distributed.get_world_size(group)
+    if world == 1:
+        return [[t] for t in tensors]
+    out: list[list[torch.Tensor]] = []
+    start = 0
+    while start < len(tensors):
+        end, size = start + 1, tensors[start].numel() * tensors[start].element_size()
+        while end < len(tensors) and size + tensors[end].numel() * tensors[end].element_size() <= bucket_bytes:
+            size += tensors[end].numel() * tensors[end].element_size()
+            end += 1
+        bucket = tensors[start:end]
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        gathered = torch.empty(world * flat.numel(), dtype=flat.dtype, device=flat.device)
+        _all_gather_flat(gathered, flat, group)
+        per_rank = gathered.view(world, flat.numel())
+        offset = 0
+        for t in bucket:
+            out.append([per_rank[r, offset:offset + t.numel()].view(t.shape) for r in range(world)])
+            offset += t.numel()
+        start = end
+    return out
+
+
+def tp1_tensor(m: Mapping, shards: list[torch.Tensor]) -> torch.Tensor:
+    """Every TP rank's megatron shard of `m` (rank order) -> the TP=1 megatron tensor; the same
+    values as m.shard(m.unshard(shards), 0, 1) with one copy instead of two or three."""
+    if len(shards) == 1:
+        return shards[0]
+    if isinstance(m, GatedMLP):  # rank r holds [gate_r; up_r]: TP=1 is [gate_0 .. gate_n; up_0 .. up_n]
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves], dim=0)
+    if isinstance(m, QKV):  # whole query groups per rank, in order
+        return torch.cat(shards, dim=0)
+    if isinstance(m, Direct) and m.split_dim is not None:
+        return torch.cat(shards, dim=m.split_dim)
+    raise ValueError(f"{m.megatron}: no TP=1 layout for {type(m).__name__}")
+
+
+def _replicated(m: Mapping) -> bool:
+    return isinstance(m, Direct) and m.split_dim is None
+
+
+def tp1_weights(model, shape, tp_group=None, bucket_bytes: int = BUCKET_BYTES) -> dict[str, torch.Tensor]:
+    """{megatron name in the TP=1, EP=1, PP=1 layout: tensor} on this rank's device, in that
+    layout's table order (collective over TP, over EP for a MoE model, and over the pipeline
+    stages, which then exchange their layers: every rank gets the whole model)."""
+    from megatron.core import parallel_state as ps
+
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        weights = _across_stages(model, shape, tp_group, bucket_bytes)
+    else:
+        weights = _stage_tp1(model, shape, tp_group, bucket_bytes)
+    missing = [m.megatron for m in expand_mappings(shape) if m.megatron not in weights]
+    if missing:
+        raise ValueError(f"TP=1 weight sync: no tensor for {missing[:5]}")
+    return {m.megatron: weights[m.megatron] for m in expand_mappings(shape)}
+
+
+def _stage_tp1(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch.Tensor]:
+    """tp1_weights of this pipeline stage's own parameters (local layer numbers)."""
+    from megatron.core import parallel_state as ps
+
+    from tandem.convert.moe_mapping import expert_ranks
+
+    groups = {"tp": tp_group if tp_group is not None else ps.get_tensor_model_parallel_group(),
+              "etp": ps.get_expert_tensor_parallel_group() if shape.moe is not None else None}
+    ep_rank, ep_size, _, _ = expert_ranks()
     params = dict(model.named_parameters())
-    out = {}
-    for m in expand_mappings(shape):
-        local = params[m.megatron].detach()
-        shards = gather_shards(local, None if isinstance(m, Direct) and m.split_dim is None else group)
-        out[m.megatron] = shards[0] if len(shards) == 1 else m.shard(m.unshard(shards), 0, 1)
+    mine = [m for m in expand_mappings(shape, ep_rank, ep_size) if m.megatron in params]  # this stage's
+    local = {m.megatron: params[m.megatron].detach() for m in mine}
+    full = {m.megatron: local[m.megatron] for m in mine if _replicated(m)}
+    split = [m for m in mine if not _replicated(m)]
+    for (group, dtype), ms in _by(split, lambda m: (m.group, local[m.megatron].dtype)).items():
+        for m, shards in zip(ms, _gather([local[m.megatron] for m in ms], groups[group], bucket_bytes)):
+            full[m.megatron] = tp1_tensor(m, shards)
+    if ep_size > 1:
+        full = _gather_experts(full, shape, ep_size, ps.get_expert_model_parallel_group(), bucket_bytes)
+    return {m.megatron: full[m.megatron] for m in expand_mappings(shape) if m.megatron in full}
+
+
+def _across_stages(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch.Tensor]:
+    """Each stage's TP=1 tensors, renamed to global layer numbers, broadcast from each stage
+    to the others (one flat buffer per stage; a tied output layer on the last stage is the
+    first stage's embedding, not sent twice)."""
+    import dataclasses
+    import re
+
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    if shape.moe is not None:
+        raise ValueError("TP=1 weight sync: a MoE model at pipeline_model_parallel_size > 1 is not supported")
+    inner = model
+    while hasattr(inner, "module"):
+        inner = inner.module
+    offset = get_transformer_layer_offset(inner.config)
+    stage_shape = dataclasses.replace(shape, num_hidden_layers=len(inner.decoder.layers))
+    local = {re.sub(r"^decoder\.layers\.(\d+)\.", lambda g: f"decoder.layers.{int(g.group(1)) + offset}.", k): v
+             for k, v in _stage_tp1(inner, stage_shape, tp_group, bucket_bytes).items()}
+    group = ps.get_pipeline_model_parallel_group()
+    full: dict[str, torch.Tensor] = {}
+    for stage, src in enumerate(dist.get_process_group_ranks(group)):
+        mine = stage == ps.get_pipeline_model_parallel_rank()
+        meta = [[(k, tuple(v.shape), v.dtype) for k, v in local.items()] if mine else None]
+        dist.broadcast_object_list(meta, src=src, group=group)
+        names = meta[0]
+        if len({dtype for _, _, dtype in names}) != 1:
+            raise ValueError(f"TP=1 weight sync: stage {stage} holds several dtypes")
+        flat = (torch.cat([v.reshape(-1) for v in local.values()]) if mine else
+                torch.empty(sum(torch.Size(s).numel() for _, s, _ in names), dtype=names[0][2],
+                            device=next(inner.parameters()).device))
+        dist.broadcast(flat, src=src, group=group)
+        start = 0
+        for name, size, _ in names:
+            n = torch.Size(size).numel()
+            full.setdefault(name, flat[start:start + n].view(size))
+            start += n
+    return full
+
+
+def _by(items, key) -> dict:
+    out: dict = {}
+    for it in items:
+        out.setdefault(key(it), []).append(it)
+    return out
+
+
+def _gather(tensors: list[torch.Tensor], group, bucket_bytes: int) -> list[list[torch.Tensor]]:
+    if bucket_bytes > 0:
+        return gather_shards_bucketed(tensors, group, bucket_bytes)
+    return [gather_shards(t, group) for t in tensors]
+
+
+def _gather_experts(full: dict, shape, ep_size: int, ep_group, bucket_bytes: int) -> dict:
+    """This EP rank's experts (TP=1 layout, local names) -> every EP rank's, by global name.
+    Entry j of rank r's table holds the same tensor kind as entry j of every other rank's."""
+    from tandem.convert.moe_mapping import expert_ranks
+
+    ep_rank = expert_ranks()[0]
+    tables = [expand_mappings(shape, r, ep_size) for r in range(ep_size)]
+    global_name = {m.hf_names[0]: m.megatron for m in expand_mappings(shape)}
+    experts = [j for j, m in enumerate(tables[ep_rank]) if m.group == "etp"]
+    out = {k: v for k, v in full.items() if k not in {tables[ep_rank][j].megatron for j in experts}}
+    for dtype, js in _by(experts, lambda j: full[tables[ep_rank][j].megatron].dtype).items():
+        gathered = _gather([full[tables[ep_rank][j].megatron] for j in js], ep_group, bucket_bytes)
+        for j, per_rank in zip(js, gathered):
+            for r, t in enumerate(per_rank):
+                out[global_name[tables[r][j].hf_names[0]]] = t
     return out

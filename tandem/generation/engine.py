@@ -60,17 +60,19 @@ class GenerationEngine:
     always runs eagerly). sync_every: decode steps between host looks at the finished
     flags (default 8 on GPU, 1 on CPU). kv_bucket: attention spans the cache rounded up
     to a multiple of this many positions (bounds the number of graphs). decode_attention:
-    "sdpa" (torch's fused kernels) or "matmul" (two batched GEMMs, fp32 softmax).
+    "triton" (decode_attention.py's split-K kernel; the default with CUDA, SDPA where it
+    cannot run), "sdpa" (torch's fused kernels) or "matmul" (two batched GEMMs, fp32 softmax).
     fused_decode: decode on the layers' weights through fused_step.py (default: on with
     CUDA; TP > 1 and models it does not cover use the modules). compile_decode:
     torch.compile those functions (default: on with CUDA; compiled once per batch size,
-    seconds each, on the first call that uses it)."""
+    seconds each, on the first call that uses it; a fused_step.MODES name picks what is
+    compiled and how, True is fused_step.DEFAULT_MODE)."""
 
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int,
                  max_batch_size: int = 512, use_graphs: bool | None = None,
                  sync_every: int | None = None, kv_bucket: int = 128,
-                 decode_attention: str = "sdpa", fused_decode: bool | None = None,
-                 compile_decode: bool | None = None):
+                 decode_attention: str | None = None, fused_decode: bool | None = None,
+                 compile_decode: bool | str | None = None):
         self.model = model
         self.pad_id, self.eos_id, self.vocab_size = pad_id, eos_id, vocab_size
         self.max_batch_size = max_batch_size
@@ -78,7 +80,7 @@ class GenerationEngine:
         self.use_graphs = gpu if use_graphs is None else use_graphs
         self.sync_every = sync_every or (8 if gpu else 1)
         self.kv_bucket = kv_bucket
-        self.decode_attention = decode_attention
+        self.decode_attention = decode_attention or ("triton" if gpu else "sdpa")
         self.fused_decode = gpu if fused_decode is None else fused_decode
         self.compile_decode = gpu if compile_decode is None else compile_decode
         self.runner: ModelRunner | None = None

@@ -30,6 +30,15 @@ log = logging.getLogger(__name__)
 
 # inductor without its own CUDA graphs (the runner captures the whole step itself)
 COMPILE_KW = dict(fullgraph=True, dynamic=False)
+# compile modes: "plain" compiles the model math only; "step" also the step's index math
+# and bookkeeping (~25 tiny kernels per step otherwise, each a launch in the graph);
+# "autotune" (opt-in, CUDA only) also picks each layer GEMM among cuBLAS and inductor's
+# Triton templates by timing them at the batch size: ~10 s of benchmarking per GEMM shape
+# on an H200 (torch 2.11), i.e. ~40 s more compile per batch size; speed-up not measured yet
+MODES = ("plain", "step", "autotune")
+DEFAULT_MODE = "step"
+AUTOTUNE = dict(max_autotune_gemm=True, max_autotune_gemm_backends="ATEN,TRITON",
+                benchmark_epilogue_fusion=False)  # fewer compiles
 
 
 @dataclass
@@ -131,13 +140,45 @@ def qkv_rope(x, w, b, q_norm, k_norm, cos, sin, eps, groups: int, qpg: int, d: i
     return q, _rope(k, cos[:, None], sin[:, None]), v
 
 
+def _residual(h, y):
+    """h + y, rounded as the modules' add. Written through fp32 so that inductor does not
+    fold it into a cuBLAS addmm, which first copies h into the GEMM's output (a device
+    copy per add, 2 per layer); this way the add runs inside the next norm's kernel."""
+    return (h.float() + y.float()).to(h.dtype)
+
+
 def proj_mlp(attn, h, proj_w, proj_b, norm2, fc1_w, fc1_b, fc2_w, fc2_b, next_norm, eps):
     """attention output [b, heads, ...] and residual h [b, H] -> (h after the layer, h
     normed by next_norm: the next layer's input norm or the final norm)."""
-    h = h + F.linear(attn.reshape(h.shape[0], -1), proj_w, proj_b)
+    h = _residual(h, F.linear(attn.reshape(h.shape[0], -1), proj_w, proj_b))
     gate, up = F.linear(_norm(h, norm2, eps), fc1_w, fc1_b).chunk(2, dim=-1)
-    h = h + F.linear(F.silu(gate) * up, fc2_w, fc2_b)
+    h = _residual(h, F.linear(F.silu(gate) * up, fc2_w, fc2_b))
     return h, _norm(h, next_norm, eps)
+
+
+def step_inputs(pos, rope_off, row, cos, sin, row_offset, max_pos):
+    """Slot positions -> (RoPE cos, sin [b, rot] at position + left padding, the rows the
+    sampler draws for). row_offset and max_pos are device scalars (one graph for all)."""
+    rope_pos = torch.minimum(pos + rope_off, max_pos)
+    return cos[rope_pos], sin[rope_pos], row.clamp(min=0) + row_offset
+
+
+def advance(new_tok, logp, tok, pos, alive, row, step, win_tok, win_logp, win_row, win_step, win_j,
+            stop_t, max_new, max_pos):
+    """After a step of slots 0..b-1 (in place): record (token, log-prob, output row or -1
+    for a dead slot, response position) at window index win_j, then advance the slots."""
+    b = new_tok.shape[0]
+    a, r, s, p = alive[:b], row[:b], step[:b], pos[:b]
+    win_tok[:, :b].index_copy_(0, win_j, new_tok[None])
+    win_logp[:, :b].index_copy_(0, win_j, logp[None])
+    win_row[:, :b].index_copy_(0, win_j, torch.where(a, r, -1)[None])
+    win_step[:, :b].index_copy_(0, win_j, s[None])
+    stopped = (new_tok[:, None] == stop_t[None]).any(-1)
+    a.copy_(a & ~stopped & (s + 1 < max_new))
+    s += a.long()  # the updated flags: the position of a row's next token
+    tok[:b] = new_tok
+    p.copy_(torch.minimum(p + 1, max_pos))
+    win_j += 1
 
 
 def head_sample(x, output, seed, rows, steps, greedy: bool, temperature: float, top_k: int, top_p: float):
@@ -147,16 +188,25 @@ def head_sample(x, output, seed, rows, steps, greedy: bool, temperature: float, 
 
 class DecodeFns:
     """The step's functions, compiled with torch.compile (GPU) or as written (CPU, tests).
-    A function whose compilation fails falls back to the eager function, with a warning."""
+    compile: False, True (DEFAULT_MODE) or a MODES name. A function whose compilation
+    fails falls back to the eager function, with a warning."""
 
-    def __init__(self, compile: bool):
-        if compile:  # one compiled graph per (function, batch size, sampling settings)
+    def __init__(self, compile: bool | str, cuda: bool = True):
+        mode = DEFAULT_MODE if compile is True else compile
+        if mode and mode not in MODES:
+            raise ValueError(f"compile must be a bool or one of {MODES}, got {compile!r}")
+        if mode:  # one compiled graph per (function, batch size, sampling settings)
             cfg = torch._dynamo.config
             limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
             setattr(cfg, limit, max(getattr(cfg, limit), 64))
-        for name, fn in (("embed_norm", embed_norm), ("qkv_rope", qkv_rope), ("proj_mlp", proj_mlp),
-                         ("head_sample", head_sample)):
-            setattr(self, name, _Guarded(fn, torch.compile(fn, **COMPILE_KW)) if compile else fn)
+        gemm = dict(options=AUTOTUNE) if mode == "autotune" and cuda else {}
+        for name, fn, kw in (("embed_norm", embed_norm, {}), ("qkv_rope", qkv_rope, gemm),
+                             ("proj_mlp", proj_mlp, gemm), ("head_sample", head_sample, {}),
+                             ("step_inputs", step_inputs, None), ("advance", advance, None)):
+            if not mode or (kw is None and mode == "plain"):
+                setattr(self, name, fn)
+            else:
+                setattr(self, name, _Guarded(fn, torch.compile(fn, **COMPILE_KW, **(kw or {}))))
 
 
 class _Guarded:

@@ -2,9 +2,10 @@
 
 Layout [layers, slots, kv_heads (this TP rank's query groups), max_len, head_dim]: a
 slot's sequence starts at position 0 (no padding), decode writes the new key of every
-slot at its own position with one scatter per layer (positions are device tensors, so
-a captured CUDA graph stays valid as they advance), and attention reads the first
-`kv_len` positions of each slot under a per-slot length mask.
+slot at its own position (positions are device tensors, so a captured CUDA graph stays
+valid as they advance): the Triton decode attention (decode_attention.py) writes it
+itself, the SDPA path with one scatter per layer (`write_decode`) before attending over
+the first `kv_len` positions of each slot under a per-slot length mask.
 
 Not here: paging or prefix sharing between prompts (the n samples of a prompt get
 copies of its prefill KV).

@@ -4,8 +4,10 @@ The model's own modules do the math (embedding, each layer's input_layernorm,
 linear_qkv via `get_query_key_value_tensors`, megatron's RoPE, linear_proj,
 pre_mlp_layernorm, mlp, the final layernorm and output_layer, with their TP
 communication); only attention and the KV cache are the runner's: a preallocated
-`KVCache`, device-tensor positions and a length mask, so one decode step has static
+`KVCache`, device-tensor positions and per-slot lengths, so one decode step has static
 shapes and is captured in a CUDA graph (`graphs.py`) per (slots, kv_len, sampling).
+Decode attention is `decode_attention.py`'s Triton kernel on GPUs (it also writes the
+step's K and V into the cache), else SDPA or two GEMMs under a length mask.
 
 Per-slot state lives in persistent device buffers: the last token, its cache position,
 the output row, the response position and an alive flag. A decode window of k steps
@@ -23,17 +25,34 @@ parallelism, CUDA graphs with TP > 1 (TP > 1 runs the same step eagerly).
 """
 from __future__ import annotations
 
+import importlib
+import logging
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from tandem.generation.fused_step import DecodeFns, DecodeWeights
+from tandem.generation.fused_step import DecodeFns, DecodeWeights, advance
 from tandem.generation.graphs import DecodeGraphs
 from tandem.generation.kv_cache import KVCache
 from tandem.generation.sampling import SamplingParams, sample_rows
 from tandem.generation.scheduler import Plan
+
+log = logging.getLogger(__name__)
+
+
+def _triton_attention(device: torch.device, head_dim: int):
+    """decode_attention.decode_attention when it can run here (triton installed, CUDA or
+    TRITON_INTERPRET=1, a head size it handles), else None: the runner uses SDPA."""
+    try:
+        kernel = importlib.import_module("tandem.generation.decode_attention")
+    except ImportError as e:
+        log.warning("triton decode attention unavailable (%s), using SDPA", e)
+        return None
+    if not kernel.supported(head_dim) or not (device.type == "cuda" or kernel.interpreting()):
+        return None
+    return kernel.decode_attention
 
 
 @dataclass
@@ -48,7 +67,7 @@ class Request:
 class ModelRunner:
     def __init__(self, model, *, device: torch.device, use_graphs: bool, window: int,
                  prefill_tokens: int = 32768, decode_attention: str = "sdpa",
-                 fused: bool = False, compile: bool = False):
+                 fused: bool = False, compile: bool | str = False):
         from megatron.core import parallel_state
 
         if not (model.pre_process and model.post_process):
@@ -57,21 +76,23 @@ class ModelRunner:
         self.device = device
         self.window = window
         self.prefill_tokens = prefill_tokens
-        if decode_attention not in ("sdpa", "matmul"):
-            raise ValueError(f"decode_attention must be 'sdpa' or 'matmul', got {decode_attention!r}")
-        self.decode_attention = decode_attention
+        if decode_attention not in ("sdpa", "matmul", "triton"):
+            raise ValueError(f"decode_attention must be 'sdpa', 'matmul' or 'triton', got {decode_attention!r}")
         self.layers = list(model.decoder.layers)
         att = self.layers[0].self_attention
         self.heads = att.num_attention_heads_per_partition
         self.groups = att.num_query_groups_per_partition
         self.head_dim = att.hidden_size_per_attention_head
+        self.kernel = _triton_attention(device, self.head_dim) if decode_attention == "triton" else None
+        self.decode_attention = "sdpa" if decode_attention == "triton" and self.kernel is None else decode_attention
         core = att.core_attention
         self.scale = getattr(core, "softmax_scale", None) or 1.0 / math.sqrt(self.head_dim)
         self.dtype = att.linear_qkv.weight.dtype
-        tp = parallel_state.get_tensor_model_parallel_world_size()
+        groups = getattr(model, "pg_collection", None)  # the model's own (a TP=1 replica in a TP=2 service)
+        tp = groups.tp.size() if groups is not None else parallel_state.get_tensor_model_parallel_world_size()
         self.graphs = DecodeGraphs() if use_graphs and tp == 1 else None
         self.fused = fused and tp == 1
-        self.fns = DecodeFns(compile) if self.fused else None
+        self.fns = DecodeFns(compile, device.type == "cuda") if self.fused else None
         self.weights: DecodeWeights | None = None
         self.cache: KVCache | None = None
         self._weights_sig = None
@@ -105,6 +126,10 @@ class ModelRunner:
             self.win_logp = torch.zeros((w, s), dtype=torch.float32, device=dev)
             self.win_row = torch.full((w, s), -1, dtype=torch.long, device=dev)
             self.win_step = torch.zeros((w, s), dtype=torch.long, device=dev)
+            # per-request scalars the captured step reads from the device, not baked in
+            self.max_pos = torch.tensor(max_len - 1, device=dev)
+            self.max_new = torch.zeros((), dtype=torch.long, device=dev)
+            self.row_offset = torch.zeros((), dtype=torch.long, device=dev)
             self._stops: dict[tuple, torch.Tensor] = {}
         sig = tuple(p.data_ptr() for p in self.model.parameters())
         if self.graphs is not None and sig != self._weights_sig:
@@ -115,6 +140,8 @@ class ModelRunner:
         self.alive.zero_()
         self.row.fill_(-1)
         self.seed.fill_(request.seed & 0xFFFFFFFF)
+        self.max_new.fill_(request.params.max_new_tokens)
+        self.row_offset.fill_(request.params.row_offset)
         self.request = request
         # RoPE position = cache position + the row's left padding in the returned batch, so
         # rollout positions are the actor's (RoPE is relative: the same math, but the same
@@ -221,14 +248,15 @@ class ModelRunner:
     def _decode_step(self, b: int, kv_len: int) -> None:
         """One token for slots 0..b-1 against cache positions < kv_len. Static shapes,
         device tensors only: safe to capture."""
-        tok, pos, alive, row, step = (t[:b] for t in (self.tok, self.pos, self.alive, self.row, self.step))
-        rope_pos = (pos + self.rope_off[:b]).clamp(max=self.cache.max_len - 1)
-        allowed = (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
+        tok, pos, row, step = (t[:b] for t in (self.tok, self.pos, self.row, self.step))
+        allowed = None if self.kernel is not None else self._mask(pos, kv_len)
         p = self.request.params
-        draw_rows = row.clamp(min=0) + p.row_offset
         if self.weights is not None:
-            new_tok, logp = self._fused_step(tok, rope_pos, pos, allowed, kv_len, draw_rows, step)
+            cos, sin, draw_rows = self.fns.step_inputs(pos, self.rope_off[:b], row, self.cos, self.sin,
+                                                       self.row_offset, self.max_pos)
+            new_tok, logp = self._fused_step(tok, cos, sin, pos, allowed, kv_len, draw_rows, step)
         else:
+            rope_pos = torch.minimum(pos + self.rope_off[:b], self.max_pos)
             freqs = self.freqs[rope_pos].transpose(0, 1)  # [1, b, 1, rot_dim]
 
             def attend(layer_idx, q, k, v):  # [1, b, heads, d], [1, b, groups, d] x 2
@@ -237,24 +265,28 @@ class ModelRunner:
                 return out.reshape(1, b, self.heads * self.head_dim)
 
             h = self._trunk(tok[:, None], freqs, attend)  # [1, b, H]
-            new_tok, logp = sample_rows(self._logits(h), p, self.seed, draw_rows, step)
-        j = self.win_j
-        self.win_tok[:, :b].index_copy_(0, j, new_tok[None])
-        self.win_logp[:, :b].index_copy_(0, j, logp[None])
-        self.win_row[:, :b].index_copy_(0, j, torch.where(alive, row, -1)[None])
-        self.win_step[:, :b].index_copy_(0, j, step[None])
-        stopped = (new_tok[:, None] == self.stop_t[None]).any(-1)
-        self.alive[:b] = alive & ~stopped & (step + 1 < p.max_new_tokens)
-        self.step[:b] += alive.long()
-        self.tok[:b] = new_tok
-        self.pos[:b] = (pos + 1).clamp(max=self.cache.max_len - 1)
-        self.win_j += 1
+            new_tok, logp = sample_rows(self._logits(h), p, self.seed, row.clamp(min=0) + self.row_offset, step)
+        (self.fns.advance if self.fns is not None else advance)(
+            new_tok, logp, self.tok, self.pos, self.alive, self.row, self.step, self.win_tok, self.win_logp,
+            self.win_row, self.win_step, self.win_j, self.stop_t, self.max_new, self.max_pos)
+
+    def _mask(self, pos, kv_len) -> torch.Tensor:
+        return (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
 
     def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len) -> torch.Tensor:
         """Write k, v [b, groups, d] at each slot's position, attend q [b, groups, qpg, d]
         (a group's query heads are the query "sequence" of its KV head) over the first
         kv_len cache positions -> [b, groups, qpg, d]."""
         b = q.shape[0]
+        if self.kernel is not None:  # writes k and v itself (decode_attention.py)
+            try:
+                return self.kernel(q, k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], pos, kv_len,
+                                   self.scale)
+            except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop generation
+                log.warning("triton decode attention failed, using SDPA: %s", e)
+                self.kernel, self.decode_attention = None, "sdpa"
+        if allowed is None:  # the kernel was dropped during this step
+            allowed = self._mask(pos, kv_len)
         self.cache.write_decode(layer_idx, b, pos, k, v)
         keys = self.cache.k[layer_idx, :b, :, :kv_len]  # [b, groups, kv_len, d]
         values = self.cache.v[layer_idx, :b, :, :kv_len]
@@ -265,10 +297,9 @@ class ModelRunner:
         scores = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
         return torch.matmul(scores.to(values.dtype), values)
 
-    def _fused_step(self, tok, rope_pos, pos, allowed, kv_len, rows, step):
+    def _fused_step(self, tok, cos, sin, pos, allowed, kv_len, rows, step):
         """The decode trunk, head and sampler through fused_step's functions -> (tokens, log-probs)."""
         w, f, p = self.weights, self.fns, self.request.params
-        cos, sin = self.cos[rope_pos], self.sin[rope_pos]  # [b, rot_dim]
         h, x = f.embed_norm(tok, w.embedding, w.layers[0].norm1, w.eps)
         qpg = self.heads // self.groups
         for i, lw in enumerate(w.layers):

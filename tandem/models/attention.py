@@ -96,8 +96,7 @@ def _load_varlen():
     def call(q, k, v, cu, max_len, scale, gqa):
         kwargs = {}
         if gqa and "enable_gqa" not in names:  # older signature: expand the key/value heads
-            rep = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            k, v = _expand_heads(k, q.shape[1]), _expand_heads(v, q.shape[1])
         elif gqa:
             kwargs["enable_gqa"] = True
         if "scale" in names:
@@ -110,6 +109,13 @@ def _load_varlen():
             kwargs["window_size"] = (-1, 0)
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
     return call
+
+
+def _expand_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[n, groups, d] -> [n, heads, d], each group repeated heads/groups times (as
+    repeat_interleave, which syncs with the host on CUDA to size its output)."""
+    n, groups, d = t.shape
+    return t[:, :, None].expand(n, groups, heads // groups, d).reshape(n, heads, d)
 
 
 _varlen_attn = _load_varlen()

@@ -7,6 +7,11 @@ from tandem.dist import device
 from tandem.models.spec import ModelShape, transformer_config
 
 
+# megatron's compiled SwiGLU / bias-dropout-add fusions on GPUs (bench/actor_update_mfu.py
+# turns them off to measure what they bring)
+FUSE_ON_GPU = True
+
+
 class ScalarHead(torch.nn.Linear):
     """hidden -> 1 value per token; replicated across TP ranks (its input is not split).
 
@@ -42,17 +47,18 @@ def layer_spec(moe: bool = False, qk_layernorm: bool = False):
     return spec
 
 
-def block_spec(config, shape: ModelShape):
-    """This pipeline stage's layers (dense or MoE per global layer index) plus the final norm."""
+def block_spec(config, shape: ModelShape, pp_rank: int | None = None):
+    """This pipeline stage's layers (dense or MoE per global layer index) plus the final norm.
+    pp_rank: the stage (default: this rank's; a replica is stage 0 of 1)."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from tandem.models.norm import RMSNorm
 
     moe_layers = set(shape.moe.moe_layers) if shape.moe else set()
-    offset = get_transformer_layer_offset(config)
+    offset = get_transformer_layer_offset(config, pp_rank=pp_rank)
     specs = [layer_spec(moe=offset + i in moe_layers, qk_layernorm=shape.qk_layernorm)
-             for i in range(get_num_layers_to_build(config))]
+             for i in range(get_num_layers_to_build(config, pp_rank=pp_rank))]
     return TransformerBlockSubmodules(layer_specs=specs, layer_norm=RMSNorm)
 
 
@@ -65,9 +71,34 @@ def _moe_without_te() -> None:
         moe_utils.te_general_gemm = None
 
 
+_OWN_RANK = None
+
+
+def _own_rank_groups():
+    """megatron's process-group collection with every group this rank alone (a replica
+    runs no collectives). Creating the groups is collective: every rank builds its replica."""
+    import dataclasses
+
+    import torch.distributed as dist
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    global _OWN_RANK
+    if _OWN_RANK is None:
+        _OWN_RANK = dist.new_subgroups(group_size=1)[0]
+    groups = ProcessGroupCollection()
+    for f in dataclasses.fields(ProcessGroupCollection):
+        # as megatron's defaults without context parallelism or all-gather-overlap groups
+        none = f.name == "hcp" or f.name.endswith("_ag")
+        setattr(groups, f.name, None if none else _OWN_RANK)
+    return groups
+
+
 def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int = 1, ep: int = 1,
-                    params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
-    """A megatron-core GPTModel on this rank's device. head: "lm" or "scalar"."""
+                    params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
+                    replica: bool = False):
+    """A megatron-core GPTModel on this rank's device. head: "lm" or "scalar". replica: the
+    whole model (TP = PP = EP = 1) on this rank alone, whatever the service's layout (the
+    colocated rollout's TP=1 copy, tandem/rollout/replica.py)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -75,21 +106,25 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
         raise ValueError(f"head must be 'lm' or 'scalar', got {head!r}")
     if shape.moe is not None:
         _moe_without_te()
-    if parallel_state.get_expert_model_parallel_world_size() != ep:
+    if replica and (tp, pp, ep, sequence_parallel) != (1, 1, 1, False):
+        raise ValueError("a replica is the whole model: tp = pp = ep = 1, no sequence parallelism")
+    if not replica and parallel_state.get_expert_model_parallel_world_size() != ep:
         raise ValueError(f"ep={ep} but megatron's expert-parallel group has "
                          f"{parallel_state.get_expert_model_parallel_world_size()} ranks (ParallelConfig.ep)")
     config = transformer_config(shape, tp=tp, pp=pp, ep=ep, params_dtype=params_dtype,
-                                sequence_parallel=sequence_parallel and tp > 1)
+                                sequence_parallel=sequence_parallel and tp > 1,
+                                fused=FUSE_ON_GPU and device.has_cuda())
     model = GPTModel(
         config=config,
-        transformer_layer_spec=block_spec(config, shape),
+        transformer_layer_spec=block_spec(config, shape, pp_rank=0 if replica else None),
         vocab_size=shape.vocab_size,
         max_sequence_length=shape.max_position_embeddings,
-        pre_process=parallel_state.is_pipeline_first_stage(),
-        post_process=parallel_state.is_pipeline_last_stage(),
+        pre_process=replica or parallel_state.is_pipeline_first_stage(),
+        post_process=replica or parallel_state.is_pipeline_last_stage(),
         share_embeddings_and_output_weights=shape.tie_word_embeddings and head == "lm",
         position_embedding_type="rope",
         rotary_base=int(shape.rope_theta),
+        **({"pg_collection": _own_rank_groups()} if replica else {}),
     )
     if head == "scalar" and model.post_process:
         model.output_layer = ScalarHead(shape.hidden_size, params_dtype)
@@ -97,4 +132,11 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
     # expects every parameter in params_dtype (as Megatron-LM's Float16Module casts them).
     for param in model.parameters():
         param.data = param.data.to(params_dtype)
+    # Routed experts count as expert-parallel parameters at every EP (megatron marks them so
+    # only at EP > 1): the optimizer is then the same chained dense + expert pair at any EP,
+    # so its checkpoints reshard between EP sizes. At EP=1 their gradients are reduced over
+    # the expert data-parallel group, which is the data-parallel group then.
+    for name, param in model.named_parameters():
+        if ".mlp.experts." in name:
+            param.allreduce = False
     return model.to(device.device())

@@ -58,6 +58,52 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
     return sum_exp.log() - sum_pz / sum_exp
 
 
+def token_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
+                entropy: bool, entropy_grad: bool = False):
+    """(log-probs [n], entropy [n] or None) of [n, V/tp] logits: the two functions above, on
+    GPUs at TP=1 as compiled kernels that read the bf16 logits in one pass each way
+    instead of a dozen fp32 passes over [n, V] (about a fifth of a 0.5B actor step).
+    The entropy carries a gradient only with entropy_grad (an entropy bonus)."""
+    if not (logits.is_cuda and _tp_size() == 1):
+        with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
+            ent = entropy_from_logits(logits, temperature) if entropy else None
+        return log_probs_from_logits(logits, labels, temperature), ent
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
+    if entropy and entropy_grad:
+        return _compiled("both")(logits, labels, 1.0 / temperature)
+    lp = _compiled("log_probs")(logits, labels, 1.0 / temperature)
+    if not entropy:
+        return lp, None
+    with torch.no_grad():
+        return lp, _compiled("entropy")(logits, 1.0 / temperature)
+
+
+def _log_probs(logits, labels, inv_t):
+    z = logits.float() * inv_t
+    return z.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
+
+
+def _entropy(logits, inv_t):
+    z = logits.float() * inv_t
+    lse = torch.logsumexp(z, -1)
+    return lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
+
+
+def _both(logits, labels, inv_t):
+    return _log_probs(logits, labels, inv_t), _entropy(logits, inv_t)
+
+
+_COMPILED: dict = {}
+
+
+def _compiled(name: str):
+    if name not in _COMPILED:  # dynamic: the token count changes with every micro-batch
+        fn = {"log_probs": _log_probs, "entropy": _entropy, "both": _both}[name]
+        _COMPILED[name] = torch.compile(fn, dynamic=True)
+    return _COMPILED[name]
+
+
 def gather_vocab(logits: torch.Tensor) -> torch.Tensor:
     """Full-vocabulary logits on every TP rank ([..., V/tp] -> [..., V])."""
     if _tp_size() == 1:

@@ -6,6 +6,10 @@ The model then sees no pad tokens at all: attention is causal within each sequen
 so every real token gets exactly the outputs of the padded layout. Losses read outputs
 back at positions of the padded layout (`PackedOutput.take`).
 
+Outputs at chosen positions only (`keep_responses`, `selected_outputs`): the actor's
+losses read the positions that predict response tokens, so the LM head (and its
+[tokens, vocabulary] logits) runs on those alone instead of on every prompt token.
+
 RoPE: megatron's own THD RoPE loops over the sequences in Python, per layer, with
 host-device copies (measured: ~40% of a 0.5B actor step on an H200). Instead the model's
 rotary module returns one angle row per packed token (`packed_rope`), and megatron
@@ -49,6 +53,15 @@ class Packing:
         self.source = torch.cat([rows * t + cols, torch.zeros(self.filler, dtype=torch.long)])
         # position of every packed token within its own sequence (RoPE restarts per sequence)
         self.positions = torch.cat([torch.arange(n) for n in seqlens])
+        self.kept = None  # packed indices the last stage computes outputs for (None: all)
+
+    def keep_responses(self, width: int) -> None:
+        """Compute outputs only where they predict one of the last `width` columns' real tokens
+        (the response). Reads elsewhere (`PackedOutput.take`) then raise."""
+        idx, valid = self.index_valid(self.width - width - 1, width, predicts=True)
+        self.kept = idx[valid]  # row-major, so increasing: the packed order
+        self._slot = torch.full((self.total,), -1, dtype=torch.long)
+        self._slot[self.kept] = torch.arange(len(self.kept))
 
     def pack(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [1, N]: the real tokens of every row, then the filler."""
@@ -67,9 +80,14 @@ class Packing:
     def index(self, first: int, width: int) -> torch.Tensor:
         """Packed index of padded-layout positions first .. first+width-1 of every row: [B, width].
         Positions on padding map to the row's first token (their values are masked by callers)."""
+        return self.index_valid(first, width)[0]
+
+    def index_valid(self, first: int, width: int, predicts: bool = False):
+        """(packed index [B, width], valid [B, width]): valid where the position is a real
+        token and, with `predicts`, so is the next one (the token its output predicts)."""
         pos = torch.arange(first, first + width)[None] - self.first[:, None]
-        pos = torch.where((pos >= 0) & (pos < self.lengths[:, None]), pos, 0)
-        return self.offsets[:, None] + pos
+        valid = (pos >= 0) & (pos < self.lengths[:, None] - int(predicts))
+        return self.offsets[:, None] + torch.where(valid, pos, 0), valid
 
 
 class PackedOutput:
@@ -80,10 +98,33 @@ class PackedOutput:
         self.packing = packing
         self.device = output.device
         self.shape = (len(packing.lengths), packing.width, *output.shape[2:])
+        if packing.kept is not None and output.shape[1] != len(packing.kept):
+            raise ValueError(f"output has {output.shape[1]} positions, the packing kept {len(packing.kept)}")
 
     def take(self, first: int, width: int) -> torch.Tensor:
         """Outputs at padded positions first .. first+width-1: [B, width, ...]."""
-        return self.output[0][self.packing.index(first, width).to(self.device)]
+        idx, valid = self.packing.index_valid(first, width)
+        return self.output[0][self._rows(idx, valid).to(self.device)]
+
+    def tokens(self, first: int, width: int):
+        """(outputs [n, ...] at the n positions that predict a real token, valid [B, width] on
+        the CPU): the compact form of `take` for per-token losses, without padding rows."""
+        idx, valid = self.packing.index_valid(first, width, predicts=True)
+        rows = self._rows(idx[valid], None)
+        if len(rows) == self.output.shape[1] and bool((rows == torch.arange(len(rows))).all()):
+            return self.output[0], valid  # exactly the kept outputs, in order: no copy
+        return self.output[0][rows.to(self.device)], valid
+
+    def _rows(self, idx: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
+        """Packed indices -> rows of self.output (which holds only the kept ones, if chosen)."""
+        if self.packing.kept is None:
+            return idx
+        rows = self.packing._slot[idx]
+        missing = rows < 0 if valid is None else (rows < 0) & valid
+        if bool(missing.any()):
+            raise ValueError("outputs were computed for the response positions only "
+                             "(Packing.keep_responses); this read needs others")
+        return rows.clamp(min=0)
 
     def new_zeros(self, *size):
         return self.output.new_zeros(*size)
@@ -122,6 +163,46 @@ def packed_rope(model, packing: Packing, device: torch.device):
         yield
     finally:
         rope.tandem_positions = None
+
+
+@contextmanager
+def selected_outputs(model, packing: Packing, device: torch.device):
+    """While active, the GPTModel's LM head runs on the packing's kept positions only, so its
+    output is [1, kept, V/tp]. A no-op without kept positions, on stages without the head, and
+    for other heads (the critic's scalar head costs nothing to run everywhere)."""
+    head = getattr(_unwrap(model), "output_layer", None)
+    if packing.kept is None or not selects_outputs(model):
+        yield
+        return
+    kept = packing.kept.to(device)
+    original, own = head.forward, "forward" in vars(head)
+    sequence_parallel = head.sequence_parallel
+
+    def forward(hidden, *args, **kwargs):  # hidden [S, 1, H] (under SP: this rank's S/tp)
+        if sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            # the head then all-reduces its input gradient itself; the gather's backward only splits
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        return original(hidden[kept], *args, **kwargs)
+
+    head.forward = forward
+    head.sequence_parallel = False
+    try:
+        yield
+    finally:
+        if own:
+            head.forward = original
+        else:
+            del head.forward
+        head.sequence_parallel = sequence_parallel
+
+
+def selects_outputs(model) -> bool:
+    """Whether this stage's head can run on kept positions only (`selected_outputs`)."""
+    from megatron.core.tensor_parallel import ColumnParallelLinear
+
+    return isinstance(getattr(_unwrap(model), "output_layer", None), ColumnParallelLinear)
 
 
 def _unwrap(model):

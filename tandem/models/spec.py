@@ -60,9 +60,10 @@ def moe_config(moe: MoEShape | None, num_layers: int, ep: int) -> dict:
     top-k sum. megatron's pre-softmax=False takes top-k of the logits and softmaxes those k: the
     same experts (softmax is monotonic) and the same weights (softmax(x)_S / sum_S softmax(x)
     = softmax(x_S)), up to rounding. pre-softmax=True is softmax, top-k, no division
-    (norm_topk_prob=false). No capacity factor (no token dropping). No load-balancing or z
-    loss: they leave the forward unchanged, and HF adds its router_aux_loss_coef loss outside
-    the model; an RL update here trains without it.
+    (norm_topk_prob=false). No capacity factor (no token dropping). megatron's own load-balancing
+    and z losses stay off (they leave the forward unchanged): the router load-balancing loss,
+    when a run enables it, is attached by tandem/models/moe_aux_loss.py, scaled to Tandem's
+    loss units.
     """
     if moe is None:
         if ep > 1:
@@ -89,7 +90,10 @@ def moe_config(moe: MoEShape | None, num_layers: int, ep: int) -> dict:
 
 
 def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int = 1,
-                       params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
+                       params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
+                       fused: bool = False):
+    """fused: megatron's torch.compile'd SwiGLU and bias-dropout-add (one kernel each way
+    instead of several); GPUs only, where compilation pays for itself."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -109,8 +113,8 @@ def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int =
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=shape.init_std,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
+        bias_activation_fusion=fused,
+        bias_dropout_fusion=fused,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,

@@ -1,7 +1,8 @@
 """RolloutWorker's API over a rank group (rank 0 = front door).
 
 Prompts are split over the DP ranks in contiguous shards (TP ranks of one DP group
-generate together); the shards' outputs concatenate back in order. Every shard samples
+generate together), or over every rank for TP=1 replicas (tandem/rollout/replica.py); the
+shards' outputs concatenate back in order. Every shard samples
 with the request's seed and its rows' global numbers, so the tokens do not depend on the
 DP size. Used by the standalone
 rollout service and by the actor's colocated rollout.
@@ -28,15 +29,20 @@ class RolloutFront:
         self.weights_version = 0
 
     def generate_sequences(self, batch: DataProto, params: SamplingParams) -> DataProto:
-        lay = layout(batch, len(batch), self.group.dp_size)
+        every_rank = getattr(self.group.targets.get(self.target), "every_rank", False)
+        lay = layout(batch, len(batch), self.group.world if every_rank else self.group.dp_size)
         if params.seed is None:  # one seed for all shards, so that rows do not depend on the DP split
             params = replace(params, seed=int(torch.randint(0, 2**31, ()).item()))
         args, first = [], 0
         for shards in lay.shards:
             shard = shards[0]
-            args.append(None if shard is None else (shard, replace(params, row_offset=first * params.n)))
-            first += 0 if shard is None else len(shard)
-        parts = [p for p in self.group.run(self.target, "generate_sequences", args) if p is not None]
+            if shard is None:  # a replica with no prompts still joins the weight gather
+                args.append((None, params) if every_rank else None)
+                continue
+            args.append((shard, replace(params, row_offset=first * params.n)))
+            first += len(shard)
+        run = self.group.run_ranks if every_rank else self.group.run
+        parts = [p for p in run(self.target, "generate_sequences", args) if p is not None]
         return concat_generations(parts, self.pad_id)  # each rank padded its prompts to its own longest
 
     def load_weights(self, weights, version: int) -> int:

@@ -57,7 +57,7 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
                  parallel=None, world_size: int = 1, shape=None):
     """Logging, torch threads, and (for model roles) this rank's torch.distributed and
     megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
-    groups) and starts the other ranks first."""
+    groups, experts) and starts the other ranks first."""
     configure_logging(role=role, rank=args.rank, run_id=args.run_id)
     torch.set_num_threads(max(1, torch_threads))
     if role == "reward":
@@ -66,7 +66,8 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
 
     parallel = parallel or ParallelConfig()
     if shape is not None:
-        parallel.validate(world_size, shape.num_attention_heads, shape.num_key_value_heads)
+        parallel.validate(world_size, shape.num_attention_heads, shape.num_key_value_heads,
+                          shape.moe.num_experts if shape.moe else 0)
     rendezvous = args.rendezvous
     if args.rank == 0:
         rendezvous = _rendezvous_file(role)

@@ -13,8 +13,9 @@ from tandem.config import ActorConfig, CriticConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.forward import response_slice
-from tandem.models.packing import take_positions
-from tandem.models.logprobs import entropy_from_logits, gather_vocab, log_probs_from_logits
+from tandem.models.logprobs import gather_vocab, log_probs_from_logits, token_stats
+from tandem.models.packing import PackedOutput, take_positions
+from tandem.train.schedule import reads_responses_only
 
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> int:
@@ -30,24 +31,39 @@ def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> int:
     return int(mask.bool().any(dim=-1).sum())  # seq-mean modes leave out rows with no token
 
 
-def response_log_probs(output, mb: DataProto, temperature: float, with_entropy: bool):
-    """Model output [B, T, V/tp] -> (log_probs [B, R], entropy [B, R] or None) of the response."""
-    responses = mb["responses"].to(output.device)
-    logits = response_slice(output, responses.shape[1])
-    entropy = entropy_from_logits(logits, temperature) if with_entropy else None
-    return log_probs_from_logits(logits, responses, temperature), entropy
+def response_log_probs(output, mb: DataProto, temperature: float, with_entropy: bool,
+                       entropy_grad: bool = False):
+    """Model output ([B, T, V/tp] or a PackedOutput) -> (log_probs [B, R], entropy [B, R] or
+    None) of the response, fp32. Packed outputs are computed at the positions that predict
+    real response tokens only; padding positions get 0 (callers mask them)."""
+    responses = mb["responses"]
+    b, r = responses.shape
+    if isinstance(output, PackedOutput):
+        logits, valid = output.tokens(output.shape[1] - r - 1, r)
+        labels = responses[valid]
+    else:
+        logits = response_slice(output, r).reshape(b * r, -1)
+        valid, labels = None, responses.reshape(-1)
+    lp, ent = token_stats(logits, labels.to(logits.device), temperature, with_entropy, entropy_grad)
+    return _layout(lp, valid, b, r), None if ent is None else _layout(ent, valid, b, r)
 
 
+def _layout(values: torch.Tensor, valid: torch.Tensor | None, b: int, r: int) -> torch.Tensor:
+    """[n] per-token values -> [B, R], zeros where `valid` is False."""
+    if valid is None:
+        return values.reshape(b, r)
+    where = valid.reshape(-1).nonzero().squeeze(1).to(values.device)  # found on the CPU: no sync
+    return values.new_zeros(b * r).index_copy(0, where, values).view(b, r)
+
+
+@reads_responses_only
 def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float):
     """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics)."""
     dev = device.device()
     mask = mb["response_mask"].to(dev).float()
-    responses = mb["responses"].to(dev)
-    logits = response_slice(output, responses.shape[1])  # one [B, R, V/tp] gather for both uses
-    # with no entropy bonus the entropy is only a metric: keep its [B, R, V] graph out of backward
-    with torch.set_grad_enabled(torch.is_grad_enabled() and cfg.entropy_coeff != 0):
-        entropy = entropy_from_logits(logits, temperature)
-    log_prob = log_probs_from_logits(logits, responses, temperature)
+    # with no entropy bonus the entropy is only a metric: keep its [n, V] graph out of backward
+    log_prob, entropy = response_log_probs(output, mb, temperature, with_entropy=True,
+                                           entropy_grad=cfg.entropy_coeff != 0)
     old_log_prob = mb["old_log_probs"].to(dev)
     is_weights, tis_metrics = None, {}
     if cfg.tis_imp_ratio_cap > 0:  # truncated IS: correct for rollout-engine vs trainer log-prob mismatch
@@ -55,8 +71,8 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
         is_weights = algo_losses.compute_truncated_is_weights(old_log_prob, rollout_log_prob, mask,
                                                               cfg.tis_imp_ratio_cap)
         over = (old_log_prob - rollout_log_prob).exp() > cfg.tis_imp_ratio_cap
-        tis_metrics = {M.ACTOR_TIS_IMP_RATIO_MEAN: aggregate.masked_mean(is_weights, mask).item(),
-                       M.ACTOR_TIS_CLIPFRAC: aggregate.masked_mean(over.float(), mask).item()}
+        tis_metrics = {M.ACTOR_TIS_IMP_RATIO_MEAN: aggregate.masked_mean(is_weights, mask),
+                       M.ACTOR_TIS_CLIPFRAC: aggregate.masked_mean(over.float(), mask)}
     common = dict(old_log_prob=old_log_prob, log_prob=log_prob, is_weights=is_weights,
                   advantages=mb["advantages"].to(dev), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode)
     if cfg.policy_loss.loss_mode == "gspo":  # sequence-level ratio; clip bounds default to clip_ratio
@@ -70,15 +86,20 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
             clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c, **common)
     entropy_mean = aggregate.agg_loss(entropy, mask, cfg.loss_agg_mode)
     loss = pg_loss - cfg.entropy_coeff * entropy_mean
-    metrics = {M.ACTOR_PG_LOSS: pg_loss.item(), M.ACTOR_PG_CLIPFRAC: clipfrac.item(),
-               M.ACTOR_PPO_KL: ppo_kl.item(), M.ACTOR_PG_CLIPFRAC_LOWER: clipfrac_lower.item(),
-               M.ACTOR_ENTROPY: entropy_mean.item(), **tis_metrics}
+    metrics = {M.ACTOR_PG_LOSS: pg_loss, M.ACTOR_PG_CLIPFRAC: clipfrac, M.ACTOR_PPO_KL: ppo_kl,
+               M.ACTOR_PG_CLIPFRAC_LOWER: clipfrac_lower, M.ACTOR_ENTROPY: entropy_mean, **tis_metrics}
     if cfg.use_kl_loss:
         kl = algo_losses.kl_loss(log_prob, mb["ref_log_prob"].to(dev), mask,
                                  cfg.kl_loss_type, cfg.loss_agg_mode)
         loss = loss + cfg.kl_loss_coef * kl
-        metrics[M.ACTOR_KL_LOSS] = kl.item()
-    return loss, loss_units(mask, cfg.loss_agg_mode), metrics
+        metrics[M.ACTOR_KL_LOSS] = kl
+    return loss, loss_units(mask, cfg.loss_agg_mode), _floats(metrics)
+
+
+def _floats(metrics: dict) -> dict:
+    """Scalar tensors -> floats in one device-to-host copy (one sync, not one per metric)."""
+    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
+    return dict(zip(metrics, values))
 
 
 def sft_loss(output: torch.Tensor, mb: DataProto):

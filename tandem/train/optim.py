@@ -45,6 +45,24 @@ class Optimizer:
             use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer), [ddp_model])
         self.steps = 0
         self._apply_lr()
+        self._fuse_torch_adam()
+
+    def _fuse_torch_adam(self) -> None:
+        """Without Transformer Engine or Apex megatron falls back to torch's AdamW with its
+        default multi-tensor loop; on GPUs torch's fused kernel reads and writes each
+        parameter's state once (about 2x faster on a 0.5B model). Set before the first step,
+        which creates the step counters on the device as the fused kernel needs."""
+        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
+            torch_opt = getattr(inner, "optimizer", None)
+            if not isinstance(torch_opt, torch.optim.AdamW):
+                continue  # TE's or Apex's fused Adam
+            for group in torch_opt.param_groups:
+                if all(p.is_cuda and p.is_floating_point() for p in group["params"]):
+                    group["fused"], group["foreach"] = True, False
+                    for p in group["params"]:  # loaded state: its step counter goes to the device
+                        state = torch_opt.state.get(p, {})
+                        if "step" in state:
+                            state["step"] = state["step"].to(p.device, torch.float32)
 
     @property
     def lr(self) -> float:
@@ -84,5 +102,6 @@ class Optimizer:
 
     def load_state_dict(self, state: dict, steps: int) -> None:
         self.opt.load_state_dict(state)
+        self._fuse_torch_adam()  # loading replaced the param groups' flags with the saved ones
         self.steps = steps
         self._apply_lr()

@@ -17,7 +17,14 @@ import torch
 
 from tandem.data.batch import DataProto
 from tandem.models.forward import sequence_split
-from tandem.models.packing import PackedOutput, Packing, packed_rope
+from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs, selects_outputs
+
+
+def reads_responses_only(loss_fn: Callable) -> Callable:
+    """Mark a loss_fn that reads only the outputs predicting response tokens: the LM head then
+    runs on those positions alone (tandem/models/packing.py, `selected_outputs`)."""
+    loss_fn.reads_responses_only = True
+    return loss_fn
 
 
 def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
@@ -31,11 +38,14 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     dev = device.device()
 
     packings = [Packing(mb["attention_mask"], multiple=sequence_split(model)) for mb in micro_batches]
+    if getattr(getattr(loss_fn, "func", loss_fn), "reads_responses_only", False) and selects_outputs(model):
+        for mb, packing in zip(micro_batches, packings):
+            packing.keep_responses(mb["responses"].shape[1])
     it = iter(zip(micro_batches, packings))
 
     def forward_step(data_iterator, model):
         mb, packing = next(data_iterator)
-        with packed_rope(model, packing, dev):
+        with packed_rope(model, packing, dev), selected_outputs(model, packing, dev):
             output = model(packing.pack(mb["input_ids"]).to(dev), None, None, packed_seq_params=packing.params(dev))
 
         def loss_func(output_tensor):

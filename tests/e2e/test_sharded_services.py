@@ -62,3 +62,17 @@ def test_ppo_actor_tp2_standalone_rollout_dp2(tmp_path):
     # step 2 generated with the weights synced after step 1's update: the rollout's token
     # probabilities match the actor's recomputation (a mis-laid-out sync gives ~0.1-1)
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-4
+
+
+def test_actor_pp2_generates_on_tp1_copies(tmp_path):
+    """A run with the actor at PP=2: the colocated rollout generates on a TP=1 copy of the whole
+    policy on each rank, gathered from both pipeline stages before every generation."""
+    pids, steps, run_dir = finished(tmp_path, "pp2", [
+        "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.actor.entropy_coeff=0.01"])
+    assert len(pids["actor"]) == 2
+    assert sorted(steps) == [1, 2] and all(m["actor/grad_norm"] > 0 for m in steps.values())
+    # step 2 generated after step 1's update: the copies follow the policy (a stale or mis-laid-out
+    # copy gives differences of ~0.1-1)
+    assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in steps.values())
+    assert (run_dir / "checkpoints" / "global_step_2" / "controller_state.json").exists()

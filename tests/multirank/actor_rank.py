@@ -1,7 +1,7 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
-usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--sp]
-                             [--init-from CKPT] [--load-from CKPT]
+usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
+                             [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...]
 
 All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
 drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
@@ -9,8 +9,8 @@ log-probs after, the new weights as a Hugging Face export, and a checkpoint. Wit
 --init-from it first saves its initial weights to OUT/init (a random init differs across
 pipeline stages, so PP layouts start from TP=1's). With --load-from it loads that
 checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
-A failure raises (non-zero exit). ACTOR_RANK_OVERRIDES (space-separated key=value) adds
-config overrides when running it by hand to compare other settings.
+A failure raises (non-zero exit). --set adds config overrides (e.g. a Hugging Face model.path);
+ACTOR_RANK_OVERRIDES (space-separated key=value) adds more when running it by hand.
 """
 import os
 import sys
@@ -47,6 +47,8 @@ def main() -> int:
     for name in ("rdzv", "out", "tok"):
         p.add_argument(name)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--set", action="append", default=[])
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
     p.add_argument("--load-from")
@@ -64,21 +66,22 @@ def main() -> int:
         f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}", f"services.actor.world_size={world}",
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
         f"actor_rollout_ref.actor.megatron.sequence_parallel={sp}",
+        f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={a.ep}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        "actor_rollout_ref.actor.entropy_coeff=0.01", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+        "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set, *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
     if pp == 1:
         cfg = load_config(None, overrides)
-    else:  # the run-level check refuses PP > 1 (no generation at PP > 1); the actor alone runs it
+    else:  # the run-level check wants a generation layout for PP > 1; the actor alone runs it
         from omegaconf import OmegaConf
 
         from tandem.config import TandemConfig
 
         cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TandemConfig),
                                                   OmegaConf.from_dotlist(overrides)))
-    init_distributed(ParallelConfig(tp=tp, pp=pp), rank, world, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, world, f"file://{rdzv}", seed=1)
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tok)

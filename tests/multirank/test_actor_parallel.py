@@ -1,27 +1,19 @@
-"""The actor at TP=2, DP=2 and PP=2 (two gloo processes) against TP=1, through the
-service's own front door and rank group: same log-probs, same weights after one PPO
-update (two mini-batches), and checkpoints that reshard between TP=2 / PP=2 and TP=1.
-Every layout starts from TP=1's initial weights."""
-import os
-import sys
-
+"""The actor at TP=2, DP=2, PP=2 and TP=2 x PP=2 (gloo processes) against TP=1, through the
+service's own front door and rank group: same log-probs, same weights after one PPO update
+(two mini-batches), and checkpoints that reshard between TP=2 / PP=2 and TP=1.
+Every layout starts from TP=1's initial weights (a random init differs across stages)."""
 import pytest
 import torch
+from actor_runs import assert_same_weights, hf_weights, run_actor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 LAYOUTS = {"tp1": (1, 1, 1), "tp2": (2, 2, 1), "dp2": (2, 1, 1), "tp2sp": (2, 2, 1),
-           "pp2": (2, 1, 2)}  # name: (world size, TP, PP)
+           "pp2": (2, 1, 2), "tp2pp2": (4, 2, 2)}  # name: (world size, TP, PP)
 
 
 def run_layout(run_ranks, tmp, name, tokenizer_dir, world, tp, pp, load_from=None):
-    out = tmp / name
-    out.mkdir()
-    args = [str(world), str(tp), str(tmp / f"{name}.rdzv"), str(out), tokenizer_dir, "--pp", str(pp)]
-    args += ["--sp"] if name.endswith("sp") else []
-    args += ["--load-from", load_from] if load_from else []
-    args += ["--init-from", str(tmp / "tp1" / "init")] if name != "tp1" and not load_from else []
-    run_ranks([[sys.executable, os.path.join(HERE, "actor_rank.py"), str(r), *args] for r in range(world)], timeout=600)
-    return torch.load(out / "result.pt"), out
+    init_from = tmp / "tp1" / "init" if name != "tp1" and not load_from else None
+    return run_actor(run_ranks, tmp, name, tokenizer_dir, world, tp, pp, sp=name.endswith("sp"),
+                     init_from=init_from, load_from=load_from)
 
 
 @pytest.fixture(scope="module")
@@ -31,24 +23,15 @@ def runs(tmp_path_factory, arithmetic_tokenizer_dir, run_ranks):
                  for name, layout in LAYOUTS.items()}  # tp1 first: the others start from its weights
 
 
-def hf_weights(d):
-    from safetensors.torch import load_file
-
-    return load_file(os.path.join(d, "hf", "model.safetensors"))
-
-
-@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2sp", "pp2"])
+@pytest.mark.parametrize("name", ["tp2", "dp2", "tp2sp", "pp2", "tp2pp2"])
 def test_same_update_as_tp1(runs, arithmetic_tokenizer_dir, run_ranks, name):
     tmp, results = runs
     (ref, ref_dir), (got, got_dir) = results["tp1"], results[name]
     torch.testing.assert_close(got["before"], ref["before"], atol=1e-5, rtol=0)
     if LAYOUTS[name][2] > 1:  # HF export gathers TP only: compare the PP run's weights reloaded at TP=1
         _, got_dir = run_layout(run_ranks, tmp, f"load_{name}_at_tp1", arithmetic_tokenizer_dir, 1, 1, 1,
-                                load_from=str(got_dir / "ckpt"))
-    w_ref, w_got = hf_weights(ref_dir), hf_weights(got_dir)
-    assert w_ref.keys() == w_got.keys()
-    for k in w_ref:
-        torch.testing.assert_close(w_got[k], w_ref[k], atol=1e-5, rtol=0, msg=k)
+                                load_from=got_dir / "ckpt")
+    assert_same_weights(hf_weights(got_dir), hf_weights(ref_dir))
     torch.testing.assert_close(got["log_probs"], ref["log_probs"], atol=1e-5, rtol=0)
     for k, v in ref["metrics"].items():
         assert got["metrics"][k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
@@ -62,7 +45,7 @@ def test_same_update_as_tp1(runs, arithmetic_tokenizer_dir, run_ranks, name):
 def test_checkpoint_reshards(runs, arithmetic_tokenizer_dir, run_ranks, saved, loaded):
     tmp, results = runs
     got, _ = run_layout(run_ranks, tmp, f"load_{saved}_at_{loaded}", arithmetic_tokenizer_dir, *LAYOUTS[loaded],
-                        load_from=str(results[saved][1] / "ckpt"))
+                        load_from=results[saved][1] / "ckpt")
     torch.testing.assert_close(got["log_probs"], results[saved][0]["log_probs"], atol=1e-5, rtol=0)
     if "weights" in got:  # the TP=1-layout export (standalone rollout sync) is the same at any TP
         ref = results[saved][0]["weights"]

@@ -151,7 +151,8 @@ def test_parallel_layout_errors_name_the_numbers():
          ["tensor_model_parallel_size", "num_attention_heads=4", "num_key_value_heads=2"]),
         (["critic.megatron.tensor_model_parallel_size=0"], ["critic.megatron.tensor_model_parallel_size", ">= 1"]),
         (["actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2", "services.actor.world_size=2"],
-         ["pipeline_model_parallel_size", "generation at PP > 1"]),
+         ["actor_rollout_ref.rollout.tensor_model_parallel_size", "pipeline_model_parallel_size=2",
+          "set 1", "standalone"]),
         (["actor_rollout_ref.actor.megatron.dtype=float8"], ["actor_rollout_ref.actor.megatron.dtype", "float8"]),
         (["trainer.resume_mode=sometimes"], ["trainer.resume_mode", "auto"]),
         (["trainer.resume_mode=resume_path"], ["trainer.resume_from_path"]),
@@ -170,3 +171,80 @@ def test_mini_batch_must_cover_the_data_parallel_ranks():
         load_config(None, ["services.actor.world_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=1",
                            "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4"])
     assert "actor_rollout_ref.actor.ppo_mini_batch_size" in str(e.value) and "4 data-parallel" in str(e.value)
+
+
+def _moe_dir(tmp_path, **extra):
+    """A directory with just a Qwen3-MoE config.json (validation reads nothing else)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps(dict(
+        architectures=["Qwen3MoeForCausalLM"], num_attention_heads=4, num_key_value_heads=2, num_experts=4, **extra)))
+    return str(tmp_path)
+
+
+def test_expert_parallel_loads_and_bad_values_name_the_numbers(tmp_path):
+    moe = _moe_dir(tmp_path)
+    ep2 = [f"actor_rollout_ref.model.path={moe}", "actor_rollout_ref.rollout.mode=standalone",
+           "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+           "critic.megatron.expert_model_parallel_size=1"]
+    cfg = load_config(None, ep2)
+    assert cfg.actor_rollout_ref.actor.megatron.expert_model_parallel_size == 2
+    cases = [
+        (ep2 + ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=3", "services.actor.world_size=3"],
+         ["actor_rollout_ref.actor.megatron.expert_model_parallel_size", "3 must divide num_experts=4"]),
+        (ep2 + ["services.actor.world_size=3"], ["services.actor.world_size", "3 is not a multiple", "1 x 1 x 2"]),
+        (ep2 + ["actor_rollout_ref.actor.megatron.expert_model_parallel_size=0"],
+         ["expert_model_parallel_size", ">= 1"]),
+        (ep2[1:], ["actor_rollout_ref.actor.megatron.expert_model_parallel_size", "mixture-of-experts", "dense"]),
+        (ep2 + ["actor_rollout_ref.rollout.mode=colocated"], ["actor_rollout_ref.rollout.mode", "standalone"]),
+        (ep2 + ["services.actor.world_size=4", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+         ["actor_rollout_ref.actor.megatron.sequence_parallel", "tensor_model_parallel_size=2"]),
+        (ep2 + ["actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.rollout.n=3",
+                "data.train_batch_size=4"],
+         ["actor_rollout_ref.actor.ppo_mini_batch_size", "3 rows must split evenly over 2"]),
+        ([f"actor_rollout_ref.model.path={moe}", "critic.megatron.expert_model_parallel_size=2",
+          "services.critic.world_size=2"], []),  # the critic: fine (standalone applies to the actor only)
+        (["critic.megatron.expert_model_parallel_size=2", "services.critic.world_size=2"],
+         ["critic.megatron.expert_model_parallel_size", "dense"]),
+    ]
+    for overrides, fragments in cases:
+        if not fragments:
+            load_config(None, overrides)
+            continue
+        msg = error_of(*overrides)
+        for frag in fragments:
+            assert frag in msg, (overrides, msg)
+
+
+def test_router_load_balancing_overrides(tmp_path):
+    moe = _moe_dir(tmp_path)
+    key = "actor_rollout_ref.actor.megatron.override_transformer_config"
+    cfg = load_config(None, [f"actor_rollout_ref.model.path={moe}", f"{key}.moe_aux_loss_coeff=0.01",
+                             f"{key}.moe_router_load_balancing_type=aux_loss"])
+    assert cfg.actor_rollout_ref.actor.megatron.override_transformer_config == {
+        "moe_aux_loss_coeff": 0.01, "moe_router_load_balancing_type": "aux_loss"}
+    for override, fragments in [
+        (f"{key}.moe_router_load_balancing_type=sinkhorn", [f"{key}.moe_router_load_balancing_type", "sinkhorn"]),
+        (f"{key}.moe_aux_loss_coeff=-1", [f"{key}.moe_aux_loss_coeff", "-1", ">= 0"]),
+        (f"{key}.moe_aux_loss_coeff=lots", [f"{key}.moe_aux_loss_coeff", "lots"]),
+        (f"{key}.num_layers=3", [key, "num_layers", "moe_aux_loss_coeff"]),
+    ]:
+        msg = error_of(f"actor_rollout_ref.model.path={moe}", override)
+        for frag in fragments:
+            assert frag in msg, (override, msg)
+    assert "mixture-of-experts" in error_of(f"{key}.moe_aux_loss_coeff=0.1")  # the built-in model is dense
+    assert "critic.megatron.override_transformer_config" in error_of("critic.megatron.override_transformer_config.x=1")
+
+
+def test_generation_tp_values():
+    tp2 = ["services.actor.world_size=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"]
+    for value in ("1", "2", "null"):  # a TP=1 copy per rank, or the actor's own modules
+        load_config(None, tp2 + [f"actor_rollout_ref.rollout.tensor_model_parallel_size={value}"])
+    pp2 = ["services.actor.world_size=2", "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2"]
+    load_config(None, pp2 + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"])  # runs generate on copies
+    load_config(None, pp2 + ["actor_rollout_ref.rollout.mode=standalone"])
+    key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
+    for overrides in (tp2 + [f"{key}=4"],
+                      tp2 + [f"{key}=2", "actor_rollout_ref.rollout.mode=standalone"]):
+        msg = error_of(*overrides)
+        assert key in msg and "colocated" in msg and "standalone rollout at 1" in msg, msg

@@ -168,3 +168,29 @@ def test_two_level_inverse_cdf_on_a_long_vocabulary():
     assert counts[hot].sum() == draws
     stat = _chi2(counts[hot].tolist(), weights.tolist())
     assert stat < CHI2_CRIT_0_001[4], (stat, counts[hot].tolist())
+
+
+def test_one_pass_draw_on_a_long_vocabulary():
+    """_draw_full (the unfiltered sampler: block maxima and masses from one read of the
+    logits) draws what softmax + _inverse_cdf draws, returns logsumexp, and its tokens
+    follow the softmax (hot tokens in different blocks, one in the partial last block)."""
+    from tandem.generation.sampling import _draw_full, _inverse_cdf
+
+    g = torch.Generator().manual_seed(1)
+    v = 5_000  # 2 full blocks of 2048 and a partial one
+    z = torch.randn(512, v, generator=g) * 4
+    u = torch.rand(512, generator=g)
+    tokens, lse = _draw_full(z, u)
+    assert (tokens == _inverse_cdf(torch.softmax(z, -1), u)).float().mean() > 0.99
+    torch.testing.assert_close(lse, torch.logsumexp(z, -1), atol=1e-5, rtol=0)
+    hot = [5, 3001, 4100, 4999]
+    weights = torch.tensor([0.1, 0.4, 0.25, 0.25])
+    row = torch.full((v,), -40.0)
+    row[hot] = weights.log()
+    draws = 10_000
+    u = counter_uniform(torch.tensor(3), torch.arange(draws), torch.tensor(0))
+    tokens, _ = _draw_full(row.expand(draws, -1), u)
+    counts = torch.bincount(tokens, minlength=v)
+    assert counts[hot].sum() >= draws - 1  # the other 4,996 tokens hold ~2e-14 of the mass
+    stat = _chi2(counts[hot].tolist(), weights.tolist())
+    assert stat < CHI2_CRIT_0_001[3], (stat, counts[hot].tolist())

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.generation.engine import GenerationEngine
-from tandem.generation.fused_step import DecodeWeights, _Guarded
+from tandem.generation.fused_step import DecodeFns, DecodeWeights, _Guarded
 from tandem.generation.sampling import SamplingParams
 from tandem.models.forward import forward_logits
 
@@ -69,10 +69,16 @@ def test_fused_greedy_equals_full_recompute(model):
 
 
 def test_compiled_fused_step_equals_module_step(model):
-    """torch.compile (inductor, CPU here) of the step's functions: same tokens."""
+    """torch.compile (inductor, CPU here) of the step's functions, the in-place window
+    bookkeeping (`advance`) too, over windows of 3 steps: same tokens."""
     pytest.importorskip("torch._inductor")
-    for a, b in zip(generate(model, False), generate(model, True, compile=True)):
+    for a, b in zip(generate(model, False, sync_every=3), generate(model, True, compile=True, sync_every=3)):
         same(a, b, atol=1e-4)
+
+
+def test_unknown_compile_mode_is_rejected():
+    with pytest.raises(ValueError, match="compile must be"):
+        DecodeFns("fast")
 
 
 def test_qk_layernorm_models_use_the_fused_step(megatron_dist):

@@ -12,28 +12,11 @@ import sys
 import pytest
 import torch
 from hf_test_files import copy_with, hf_tensors, import_hf
+from tiny_hf import tiny_qwen3_moe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-            max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1)
 VARIANTS = {"topk_norm": dict(head_dim=32, norm_topk_prob=True, tie_word_embeddings=False),
             "plain": dict(norm_topk_prob=False, tie_word_embeddings=True, mlp_only_layers=[0])}
-
-
-def tiny_qwen3_moe(path: pathlib.Path, seed: int = 0, **overrides) -> pathlib.Path:
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    torch.manual_seed(seed)
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**TINY, **overrides}))
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)  # non-unit norms: a swapped q/k norm must show
-            elif name.endswith("mlp.gate.weight"):
-                p.normal_(0, 1.0)  # peaked router: a wrong expert choice must show
-    model.save_pretrained(str(path), safe_serialization=True)
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -143,6 +126,10 @@ def test_refuses_unsupported_configs(moe_dirs):
 def test_parallel_layout_names_expert_parallel():
     from tandem.dist.parallel import ParallelConfig
 
-    ParallelConfig(tp=1, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2)
+    ParallelConfig(tp=1, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2, num_experts=4)
     with pytest.raises(ValueError, match="expert_model_parallel_size=2: world size 2 is not divisible by ep x tp x pp"):
-        ParallelConfig(tp=2, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2)
+        ParallelConfig(tp=2, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2, num_experts=4)
+    with pytest.raises(ValueError, match="num_experts=4 is not divisible by expert_model_parallel_size=3"):
+        ParallelConfig(ep=3).validate(world_size=3, num_heads=4, num_query_groups=2, num_experts=4)
+    with pytest.raises(ValueError, match="expert_model_parallel_size=2 needs a model with experts"):
+        ParallelConfig(ep=2).validate(world_size=2, num_heads=4, num_query_groups=2)

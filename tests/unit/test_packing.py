@@ -62,3 +62,77 @@ def test_unpackable_masks_are_refused():
         Packing(torch.tensor([[1, 1, 0], [0, 0, 0]]))
     with pytest.raises(ValueError, match="contiguous"):
         Packing(torch.tensor([[1, 0, 1], [1, 1, 1]]))
+
+
+def _response_batch():
+    from tandem.data.batch import DataProto
+
+    ids, mask = padded_batch()
+    return DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, 5:],
+                              "response_mask": mask[:, 5:]})
+
+
+def _packed_log_probs(model, mb, keep: bool):
+    from tandem.models.packing import selected_outputs
+    from tandem.train.losses import response_log_probs
+
+    p = Packing(mb["attention_mask"], multiple=3)
+    if keep:
+        p.keep_responses(mb["responses"].shape[1])
+    with packed_rope(model, p, torch.device("cpu")), selected_outputs(model, p, torch.device("cpu")):
+        out = model(p.pack(mb["input_ids"]), None, None, packed_seq_params=p.params(torch.device("cpu")))
+    return PackedOutput(out, p), response_log_probs(PackedOutput(out, p), mb, 0.7, with_entropy=True,
+                                                    entropy_grad=True)
+
+
+def test_lm_head_on_response_positions_only(model):
+    """The LM head on the kept (response-predicting) positions only gives the padded layout's
+    log-probs and entropies, and the same gradients as the head on every position."""
+    from tandem.train.losses import response_log_probs
+
+    mb = _response_batch()
+    rmask = mb["response_mask"].bool()
+    with torch.no_grad():
+        padded = response_log_probs(forward_logits(model, mb["input_ids"], mb["attention_mask"]), mb, 0.7, True)
+    grads = []
+    for keep in (False, True):
+        model.zero_grad(set_to_none=True)
+        out, (lp, ent) = _packed_log_probs(model, mb, keep)
+        assert (lp[rmask] - padded[0][rmask]).abs().max() < 1e-5
+        assert (ent[rmask] - padded[1][rmask]).abs().max() < 1e-5
+        ((lp - 0.1 * ent) * rmask).sum().backward()
+        grads.append({n: q.grad.clone() for n, q in model.named_parameters()})
+        if keep:
+            assert out.output.shape[1] == int(rmask.sum()) == 10  # not the 21 real tokens
+            assert (lp[~rmask] == 0).all()
+            with pytest.raises(ValueError, match="response positions only"):
+                out.take(0, 9)  # prompt positions were not computed
+    for name, g in grads[0].items():
+        assert (g - grads[1][name]).abs().max() < 1e-5, name
+    assert sum(g.abs().sum() for g in grads[1].values()) > 0
+
+
+def test_compiled_token_stats_math_matches_megatron_path():
+    """The functions token_stats compiles on GPUs compute what the TP-general path computes,
+    values and gradients (checked here uncompiled, on CPU)."""
+    from tandem.models import logprobs
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(7, 50, generator=g) * 3).requires_grad_()
+    labels = torch.randint(0, 50, (7,), generator=g)
+    w = torch.randn(7, generator=g)
+    lp, ent = logprobs._both(logits, labels, 1 / 0.7)
+    ((lp + 0.3 * ent) * w).sum().backward()
+    fused_grad, logits.grad = logits.grad, None
+    ref_lp = logprobs.log_probs_from_logits(logits, labels, 0.7)
+    ref_ent = logprobs.entropy_from_logits(logits, 0.7)
+    ((ref_lp + 0.3 * ref_ent) * w).sum().backward()
+    assert (lp - ref_lp).abs().max() < 1e-5 and (ent - ref_ent).abs().max() < 1e-5
+    assert (fused_grad - logits.grad).abs().max() < 1e-5
+
+
+def test_gqa_head_expansion_is_repeat_interleave():
+    from tandem.models.attention import _expand_heads
+
+    t = torch.randn(5, 2, 3)
+    assert torch.equal(_expand_heads(t, 6), t.repeat_interleave(3, dim=1))

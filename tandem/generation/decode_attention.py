@@ -1,0 +1,173 @@
+"""Split-K ("flash-decoding") GQA decode attention in Triton, on the engine's KV cache.
+
+One query token per slot. Program (slot, KV head, split) reads one contiguous chunk of
+that KV head's cache ([max_len, d] rows, kv_cache.py's layout) once for all the query
+heads of the group (a [16, d] query tile: tl.dot needs 16 rows, Qwen has 6-7) and keeps
+an online softmax in fp32. The context is split only when (slot, KV head) programs alone
+would leave multiprocessors idle (small batches, long contexts): then each split writes a
+partial output and its log-sum-exp and a second kernel combines them (on an H200 at
+batch 64-256 and 768 positions one split per program was fastest). Each slot attends
+over positions 0..pos (pos: a device tensor), so there is no mask tensor and keys past
+pos are never read, and the grid depends only on (batch, kv_len): the launch is
+captured in the runner's CUDA graphs.
+
+The step's new key and value are an input too: the program whose chunk holds pos uses
+them in place of the (stale) cached row and writes them to the cache, so the decode
+step has no separate KV-cache scatter.
+
+GPU only in production (the runner picks it on CUDA, SDPA elsewhere); with
+TRITON_INTERPRET=1 it also runs on CPU tensors, which the unit tests use.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MIN_CHUNK = 256  # keys per split at least: shorter splits cost more in the combine than they gain
+
+
+@triton.jit
+def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O,
+                  sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g,
+                  sc_b, sc_g, sc_n, so_b, so_g, so_h,
+                  scale_log2, qpg, kv_len, chunk,
+                  DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    s = tl.program_id(2)
+    pos = tl.load(POS + b).to(tl.int32)
+    start = s * chunk
+    end = tl.minimum(tl.minimum(start + chunk, pos + 1), kv_len)  # keys [start, end)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    rows = offs_h < qpg
+    q = tl.load(Q + b * sq_b + g * sq_g + offs_h[:, None] * sq_h + offs_d[None, :], mask=rows[:, None], other=0.0)
+    kn = tl.load(KN + b * skn_b + g * skn_g + offs_d)
+    vn = tl.load(VN + b * svn_b + g * svn_g + offs_d)
+    slot = b.to(tl.int64) * sc_b + g * sc_g  # int64: a large cache passes 2**31 elements
+    kc = KC + slot
+    vc = VC + slot
+    if (pos >= start) & (pos < start + chunk) & (pos < kv_len):  # this program owns the new row
+        tl.store(kc + pos * sc_n + offs_d, kn)
+        tl.store(vc + pos * sc_n + offs_d, vn)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        keep = offs_n < end
+        new = (offs_n == pos)[:, None]
+        k = tl.load(kc + offs_n[:, None] * sc_n + offs_d[None, :], mask=keep[:, None], other=0.0)
+        k = tl.where(new, kn[None, :], k)
+        qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [H, N], log2 units
+        qk = tl.where(keep[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))  # finite: every block has a kept key
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(vc + offs_n[:, None] * sc_n + offs_d[None, :], mask=keep[:, None], other=0.0)
+        v = tl.where(new, vn[None, :], v)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m_i = m_new
+
+    empty = l_i == 0.0  # a split wholly past pos
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    if DIRECT:  # one split: the final output
+        tl.store(O + b * so_b + g * so_g + offs_h[:, None] * so_h + offs_d[None, :],
+                 out.to(O.dtype.element_ty), mask=rows[:, None])
+    else:
+        part = (b * tl.num_programs(1) + g) * tl.num_programs(2) + s
+        tl.store(PO + (part * BLOCK_H + offs_h[:, None]) * D + offs_d[None, :], out)
+        tl.store(PL + part * BLOCK_H + offs_h, tl.where(empty, float("-inf"), m_i + tl.log2(l_i)))
+
+
+@triton.jit
+def _combine_kernel(PO, PL, O, so_b, so_g, so_h, qpg, splits,
+                    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr):
+    b = tl.program_id(0)
+    g = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, D)
+    part = (b * tl.num_programs(1) + g) * splits + offs_s  # [S]
+    real = offs_s < splits
+    lse = tl.load(PL + part[:, None] * BLOCK_H + offs_h[None, :], mask=real[:, None], other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0)[None, :])  # [S, H]; split 0 always has key 0: max is finite
+    po = tl.load(PO + (part[:, None, None] * BLOCK_H + offs_h[None, :, None]) * D + offs_d[None, None, :],
+                 mask=real[:, None, None], other=0.0)
+    out = tl.sum(w[:, :, None] * po, 0) / tl.sum(w, 0)[:, None]
+    tl.store(O + b * so_b + g * so_g + offs_h[:, None] * so_h + offs_d[None, :],
+             out.to(O.dtype.element_ty), mask=(offs_h < qpg)[:, None])
+
+
+def supported(head_dim: int) -> bool:
+    """Whether the kernel handles this head size (a power of two, 16..256)."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def num_splits(batch: int, groups: int, kv_len: int, sms: int) -> int:
+    """Splits per (slot, KV head): up to one program per multiprocessor, none shorter
+    than MIN_CHUNK keys; 1 once batch x KV heads fill the GPU."""
+    return max(1, min(kv_len // MIN_CHUNK, sms // (batch * groups)))
+
+
+_SMS: dict[int, int] = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 4
+    if device.index not in _SMS:
+        _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device.index]
+
+
+def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, pos: torch.Tensor, kv_len: int, scale: float, *,
+                     splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
+                     num_stages: int | None = None) -> torch.Tensor:
+    """q [b, G, qpg, d], k_new and v_new [b, G, d]: the step's query, key and value of
+    slots 0..b-1; k_cache, v_cache [slots, G, max_len, d] (one layer, same strides); pos [b]
+    (int): each slot's new cache position. Writes k_new / v_new at pos (when pos < kv_len)
+    and attends each slot over positions 0..min(pos, kv_len - 1) -> [b, G, qpg, d] in q's
+    dtype. splits, block_n, num_warps, num_stages: tuning overrides (benchmarks)."""
+    b, groups, qpg, d = q.shape
+    q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and supported(d)
+    block_h = max(16, triton.next_power_of_2(qpg))
+    sms = _sm_count(q.device)
+    splits = splits or num_splits(b, groups, kv_len, sms)
+    # tuned on an H200 (bench/decode_attention_bench.py --sweep): with about one program per
+    # multiprocessor each needs more bytes in flight (longer tiles, more warps for d = 128)
+    few = b * groups * splits <= sms
+    block_n = block_n or (128 if few else 64)
+    num_warps = num_warps or (8 if block_n * d >= 128 * 128 else 4)
+    num_stages = num_stages or 3
+    chunk = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+    splits = triton.cdiv(kv_len, chunk)
+    out = torch.empty((b, groups, qpg, d), dtype=q.dtype, device=q.device)
+    if splits > 1:
+        po = torch.empty((b, groups, splits, block_h, d), dtype=torch.float32, device=q.device)
+        pl = torch.empty((b, groups, splits, block_h), dtype=torch.float32, device=q.device)
+    else:
+        po = pl = out  # unused
+    _split_kernel[(b, groups, splits)](
+        q, k_new, v_new, k_cache, v_cache, pos, po, pl, out,
+        q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0),
+        v_new.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        out.stride(0), out.stride(1), out.stride(2), scale * LOG2E, qpg, kv_len, chunk,
+        DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, num_warps=num_warps, num_stages=num_stages)
+    if splits > 1:
+        _combine_kernel[(b, groups)](po, pl, out, out.stride(0), out.stride(1), out.stride(2), qpg, splits,
+                                     BLOCK_S=triton.next_power_of_2(splits),
+                                     BLOCK_H=block_h, D=d)
+    return out

@@ -1,0 +1,36 @@
+"""Launching tests/multirank/actor_rank.py at a layout and reading what it wrote; shared by
+the actor parallel tests."""
+import os
+import sys
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def run_actor(run_ranks, root, name: str, tokenizer_dir: str, world: int, tp: int, pp: int = 1, ep: int = 1,
+              sp: bool = False, init_from=None, load_from=None, settings=()):
+    """One actor run of `world` gloo processes -> (rank 0's result.pt, its output directory)."""
+    out = root / name
+    out.mkdir()
+    args = [str(world), str(tp), str(root / f"{name}.rdzv"), str(out), tokenizer_dir, "--pp", str(pp), "--ep", str(ep)]
+    args += ["--sp"] if sp else []
+    args += ["--load-from", str(load_from)] if load_from else []
+    args += ["--init-from", str(init_from)] if init_from else []
+    args += [f"--set={s}" for s in settings]
+    run_ranks([[sys.executable, os.path.join(HERE, "actor_rank.py"), str(r), *args] for r in range(world)],
+              timeout=600)
+    return torch.load(out / "result.pt"), out
+
+
+def hf_weights(d) -> dict[str, torch.Tensor]:
+    """The Hugging Face export an actor run wrote under d/hf."""
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(d, "hf", "model.safetensors"))
+
+
+def assert_same_weights(got: dict, want: dict, atol: float = 1e-5) -> None:
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], atol=atol, rtol=0, msg=k)

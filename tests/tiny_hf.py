@@ -1,0 +1,47 @@
+"""Tiny random Hugging Face checkpoints built locally with transformers (nothing downloaded),
+shared by the unit and multi-rank tests (tests/ is on sys.path through its conftest.py)."""
+import pathlib
+
+import torch
+
+DENSE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+             intermediate_size=128, max_position_embeddings=64, rms_norm_eps=1e-5, initializer_range=0.1)
+MOE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+           intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+           max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1)
+
+
+def _save(model, path) -> pathlib.Path:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.5)  # nonzero: a wrong bias layout must show
+            elif "norm" in name:
+                p.uniform_(0.5, 1.5)  # non-unit norms: a swapped norm must show
+            elif name.endswith("mlp.gate.weight"):
+                p.normal_(0, 1.0)  # peaked router: a wrong expert choice must show
+    model.save_pretrained(str(path), safe_serialization=True)
+    return pathlib.Path(path)
+
+
+def tiny_llama(path, seed: int = 0) -> pathlib.Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(LlamaForCausalLM(LlamaConfig(**DENSE, tie_word_embeddings=False)), path)
+
+
+def tiny_qwen2(path, seed: int = 1) -> pathlib.Path:
+    """Qwen2-0.5B style: qkv bias, tied embeddings."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(Qwen2ForCausalLM(Qwen2Config(**DENSE, tie_word_embeddings=True)), path)
+
+
+def tiny_qwen3_moe(path, seed: int = 0, **overrides) -> pathlib.Path:
+    """Qwen3-MoE: 4 experts, top 2; overrides e.g. head_dim, norm_topk_prob, mlp_only_layers."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**MOE, **overrides})), path)

@@ -1,0 +1,155 @@
+"""decode_attention.py's Triton kernel against SDPA under a length mask, and the engine
+with it. On CUDA when present; on CPU through Triton's interpreter, in a subprocess
+started with TRITON_INTERPRET=1 (triton reads it when it is first imported, so it cannot
+be switched on in this process). fp32 only there: the interpreter's bf16 tl.dot is wrong
+(triton 3.9). The kernel tests skip without triton; the fallback tests run everywhere."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tandem.generation.engine import GenerationEngine
+from tandem.generation.sampling import SamplingParams
+
+VOCAB, PAD, EOS = 32, 0, 1
+PROMPTS = [[5, 9, 3, 17, 22, 8, 4], [7, 2], [30, 12, 6, 6], [3], [11, 25, 19, 2, 14, 27], [4, 4, 9]]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.fixture
+def kernel():
+    """(the decode_attention module, device)."""
+    if not HAS_TRITON:
+        pytest.skip("triton is not installed")
+    if torch.cuda.is_available():
+        dev = "cuda"
+    elif INTERPRETED:
+        dev = "cpu"
+    else:
+        pytest.skip("CPU: runs in test_kernel_tests_in_the_interpreter's subprocess")
+    from tandem.generation import decode_attention
+
+    return decode_attention, dev
+
+
+@pytest.mark.skipif(not HAS_TRITON or INTERPRETED or torch.cuda.is_available(),
+                    reason="needs triton, and only where the kernel tests would skip")
+def test_kernel_tests_in_the_interpreter():
+    """This file's kernel tests on CPU, in a process started with TRITON_INTERPRET=1."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                        "not in_the_interpreter"], env=env, capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "skipped" not in r.stdout, r.stdout[-4000:]  # every kernel test ran there
+
+
+def reference(q, k_new, v_new, k_cache, v_cache, pos, kv_len, scale):
+    """The runner's SDPA path: scatter the new rows (pos < kv_len), attend under the mask."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    for i, p in enumerate(pos.tolist()):
+        if p < kv_len:
+            k_cache[i, :, p], v_cache[i, :, p] = k_new[i], v_new[i]
+    b = q.shape[0]
+    allowed = (torch.arange(kv_len, device=q.device)[None] <= pos[:, None])[:, None, None]
+    out = F.scaled_dot_product_attention(q.float(), k_cache[:b, :, :kv_len].float(),
+                                         v_cache[:b, :, :kv_len].float(), attn_mask=allowed, scale=scale)
+    return out, k_cache, v_cache
+
+
+# (kv heads, query heads per kv head, head dim): Qwen2.5-0.5B, Qwen2.5-1.5B, plain MHA
+@pytest.mark.parametrize("groups,qpg,d", [(2, 7, 64), (2, 6, 128), (3, 1, 16)])
+@pytest.mark.parametrize("splits", [None, 1, 3])
+def test_kernel_matches_sdpa_and_writes_the_cache(kernel, groups, qpg, d, splits):
+    mod, dev = kernel
+    dtypes = [torch.float32] + ([torch.bfloat16] if dev == "cuda" else [])
+    g = torch.Generator().manual_seed(d + qpg)
+    slots, max_len, kv_len = 6, 112, 100
+    b = slots - 1  # the last slot is outside the batch: untouched
+    pos = torch.randint(0, kv_len, (b,), generator=g)
+    pos[0], pos[1], pos[2] = 0, kv_len - 1, kv_len + 5  # first key, last key, a dead slot past kv_len
+    for dtype in dtypes:
+        def rand(*shape):
+            return torch.randn(*shape, generator=g).to(dev, dtype)
+        q, kv = rand(b, groups, qpg, d), rand(b, groups, 2, d)
+        k_new, v_new = kv[:, :, 0], kv[:, :, 1]  # strided views, like the qkv split's
+        k_cache, v_cache = rand(slots, groups, max_len, d), rand(slots, groups, max_len, d)
+        want, k_want, v_want = reference(q, k_new, v_new, k_cache, v_cache, pos.to(dev), kv_len, d ** -0.5)
+        out = mod.decode_attention(q, k_new, v_new, k_cache, v_cache, pos.to(dev), kv_len, d ** -0.5,
+                                   splits=splits, block_n=16 if dev == "cpu" else None)
+        assert out.shape == q.shape and out.dtype == dtype
+        tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
+        torch.testing.assert_close(out.float(), want, atol=tol, rtol=0)
+        assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
+
+
+def test_the_context_is_split_only_when_the_grid_is_small():
+    pytest.importorskip("triton")
+    from tandem.generation.decode_attention import MIN_CHUNK, num_splits
+
+    assert num_splits(256, 2, 768, 132) == 1  # 512 programs fill an H200
+    assert num_splits(64, 2, 768, 132) == 1
+    assert num_splits(8, 2, 4096, 132) == 8  # 16 programs: split, up to one program per SM
+    assert num_splits(8, 2, 128, 132) == 1  # no split shorter than MIN_CHUNK
+    assert num_splits(1, 1, 100 * MIN_CHUNK, 132) == 100
+
+
+@pytest.fixture(scope="module")
+def model(megatron_dist):
+    from tandem.models.build import build_gpt_model
+    from tandem.models.spec import ModelShape
+
+    torch.manual_seed(0)
+    shape = ModelShape(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                       init_std=0.3, attention_bias=True, tie_word_embeddings=True)
+    return build_gpt_model(shape).eval()
+
+
+def generate(model, attention, fused, **kw):
+    e = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=5, sync_every=3,
+                         decode_attention=attention, fused_decode=fused, compile_decode=False, **kw)
+    params = SamplingParams(max_new_tokens=7, temperature=0.8, top_k=8, n=2, seed=11)
+    return e, e.generate(PROMPTS, params)
+
+
+def same(a, b):
+    assert torch.equal(a.responses, b.responses) and torch.equal(a.response_mask, b.response_mask)
+    torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_engine_with_the_kernel_equals_sdpa(kernel, model, fused):
+    """5 slots for 12 rows (refill), windows of 3 steps, sampling: the kernel's own cache
+    writes and per-slot lengths give SDPA's rows."""
+    e, res = generate(model, "triton", fused)
+    assert e.runner.kernel is not None
+    same(res, generate(model, "sdpa", fused)[1])
+
+
+def test_without_the_kernel_the_runner_uses_sdpa(model, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if torch.cuda.is_available():
+        pytest.skip("the kernel runs here")
+    e, res = generate(model, "triton", True)  # CPU without the interpreter: no kernel
+    assert e.runner.kernel is None and e.runner.decode_attention == "sdpa"
+    same(res, generate(model, "sdpa", True)[1])
+
+
+def test_a_failing_kernel_falls_back_to_sdpa(model):
+    def broken(*args):
+        raise RuntimeError("no kernel image for this device")
+
+    e = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=5, sync_every=3,
+                         decode_attention="sdpa", fused_decode=True)
+    params = SamplingParams(max_new_tokens=7, temperature=0.8, top_k=8, n=2, seed=11)
+    e.generate(PROMPTS[:1], params)  # builds the runner
+    e.runner.kernel = broken
+    res = e.generate(PROMPTS, params)
+    assert e.runner.kernel is None and e.runner.decode_attention == "sdpa"
+    same(res, generate(model, "sdpa", True)[1])
