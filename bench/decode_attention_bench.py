@@ -7,8 +7,9 @@ dim 64 / 128), bf16, every slot at position kv_len - 1 (the whole bucket is cont
   triton  decode_attention.decode_attention: writes K and V itself, split-K over the context
 Each variant is checked against an fp32 SDPA of the same cache (max abs difference,
 cache contents), then timed as a CUDA graph of one call per layer over `--layers`
-layers (so K and V come from HBM, not L2); printed: us per layer and the K + V bytes
-read per second. `--sweep` also times the kernel over splits x block_n x warps x stages.
+layers (so K and V come from HBM, not L2); printed: us per layer, the K + V bytes
+read per second and, as same-run ratios, triton's speed-up over sdpa and each variant's read
+rate against the device copy rate measured at the start (bench/generation_bench.py's). `--sweep` also times the kernel over splits x block_n x warps x stages.
 
     python bench/decode_attention_bench.py [--batches 64,256] [--kv-len 768] [--sweep]
 """
@@ -23,7 +24,10 @@ import sys
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from generation_bench import copy_rate  # noqa: E402
 
 from tandem.generation import decode_attention as da  # noqa: E402
 from tandem.generation.kv_cache import KVCache  # noqa: E402
@@ -55,7 +59,7 @@ def graph_us(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps * 1e3
 
 
-def case(name, batch, kv_len, layers, sweep) -> None:
+def case(name, batch, kv_len, layers, sweep, rate) -> None:
     groups, qpg, d = LAYOUTS[name]
     dev, dtype, scale = torch.device("cuda"), torch.bfloat16, d ** -0.5
     torch.manual_seed(batch)
@@ -97,6 +101,8 @@ def case(name, batch, kv_len, layers, sweep) -> None:
         us = graph_us(fn) / layers
         rec[f"{variant}_us_per_layer"] = us
         rec[f"{variant}_TBps"] = kv_bytes / us / 1e6
+        rec[f"{variant}_read_share_of_copy_rate"] = kv_bytes / (us / 1e6) / rate  # read rate / (read + write) rate
+    rec["triton_speedup_vs_sdpa"] = rec["sdpa_us_per_layer"] / rec["triton_us_per_layer"]
     emit(rec)
     if sweep:
         rows = []
@@ -120,11 +126,12 @@ def main():
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--sweep", action="store_true")
     args = ap.parse_args()
+    rate = copy_rate()
     emit({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-          "triton": __import__("triton").__version__})
+          "triton": __import__("triton").__version__, "copy_rate_GBps": rate / 1e9})
     for name in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            case(name, batch, args.kv_len, args.layers, args.sweep)
+            case(name, batch, args.kv_len, args.layers, args.sweep, rate)
 
 
 if __name__ == "__main__":

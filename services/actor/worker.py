@@ -110,10 +110,10 @@ class ActorWorker:
 
     # ---- weights and checkpoints ------------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The policy in the TP=1 layout (what a standalone rollout at TP=1 loads), on TP rank 0
-        of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 the TP
-        ranks of DP rank 0 take part in the gather, at EP > 1 every rank (experts live on
-        other DP ranks)."""
+        """The policy in the TP=1, PP=1 layout (what a standalone rollout at TP=1 loads), on TP
+        rank 0 of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 or
+        PP > 1 the ranks of DP rank 0 take part in the gather, at EP > 1 every rank (experts
+        live on other DP ranks)."""
         from megatron.core import parallel_state as ps
 
         mcfg = self.actor_cfg.megatron

@@ -1,9 +1,9 @@
 """The control plane of a multi-rank service: rank 0 (the front door) runs methods on all ranks.
 
 Rank 0 broadcasts (target, method), scatters each rank its arguments (by its DP rank, or
-per rank for `run_ranks`),
-every rank runs the method, and rank 0 gathers the results of the output ranks (TP rank 0
-of the last pipeline stage), one per DP rank. All of this goes over a gloo group: commands
+per rank for `run_ranks`), every rank runs the method, and rank 0 gathers the results of
+the output ranks (TP rank 0 of the last pipeline stage), one per DP rank (every rank's
+for `run_ranks`). All of this goes over a gloo group: commands
 and batches are pickled CPU objects, small next to the model work they start. Ranks > 0
 sit in `follow()` until rank 0 sends stop. One rank is a group of one with the same code.
 """

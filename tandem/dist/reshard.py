@@ -117,7 +117,7 @@ def _stage_tp1(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch.Ten
             full[m.megatron] = tp1_tensor(m, shards)
     if ep_size > 1:
         full = _gather_experts(full, shape, ep_size, ps.get_expert_model_parallel_group(), bucket_bytes)
-    return {m.megatron: full[m.megatron] for m in expand_mappings(shape) if m.megatron in full}
+    return full
 
 
 def _across_stages(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch.Tensor]:
@@ -130,12 +130,11 @@ def _across_stages(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch
     import torch.distributed as dist
     from megatron.core import parallel_state as ps
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+    from megatron.core.utils import unwrap_model
 
     if shape.moe is not None:
         raise ValueError("TP=1 weight sync: a MoE model at pipeline_model_parallel_size > 1 is not supported")
-    inner = model
-    while hasattr(inner, "module"):
-        inner = inner.module
+    inner = unwrap_model(model)
     offset = get_transformer_layer_offset(inner.config)
     stage_shape = dataclasses.replace(shape, num_hidden_layers=len(inner.decoder.layers))
     local = {re.sub(r"^decoder\.layers\.(\d+)\.", lambda g: f"decoder.layers.{int(g.group(1)) + offset}.", k): v

@@ -21,6 +21,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from megatron.core.utils import unwrap_model
 
 
 class Packing:
@@ -77,14 +78,11 @@ class Packing:
         p.tandem_cu_seqlens_cpu = self.cu_seqlens
         return p
 
-    def index(self, first: int, width: int) -> torch.Tensor:
-        """Packed index of padded-layout positions first .. first+width-1 of every row: [B, width].
-        Positions on padding map to the row's first token (their values are masked by callers)."""
-        return self.index_valid(first, width)[0]
-
     def index_valid(self, first: int, width: int, predicts: bool = False):
-        """(packed index [B, width], valid [B, width]): valid where the position is a real
-        token and, with `predicts`, so is the next one (the token its output predicts)."""
+        """(packed index [B, width], valid [B, width]) of padded-layout positions first ..
+        first+width-1 of every row: valid where the position is a real token and, with
+        `predicts`, so is the next one (the token its output predicts). Invalid positions map
+        to the row's first token (their values are masked by callers)."""
         pos = torch.arange(first, first + width)[None] - self.first[:, None]
         valid = (pos >= 0) & (pos < self.lengths[:, None] - int(predicts))
         return self.offsets[:, None] + torch.where(valid, pos, 0), valid
@@ -141,7 +139,7 @@ def take_positions(output, first: int, width: int) -> torch.Tensor:
 def packed_rope(model, packing: Packing, device: torch.device):
     """While active, the GPTModel's rotary module returns [N, 1, d] angles: row i is the
     angle of packed token i at its position within its own sequence."""
-    rope = getattr(_unwrap(model), "rotary_pos_emb", None)
+    rope = getattr(unwrap_model(model), "rotary_pos_emb", None)
     if rope is None:
         yield
         return
@@ -170,7 +168,7 @@ def selected_outputs(model, packing: Packing, device: torch.device):
     """While active, the GPTModel's LM head runs on the packing's kept positions only, so its
     output is [1, kept, V/tp]. A no-op without kept positions, on stages without the head, and
     for other heads (the critic's scalar head costs nothing to run everywhere)."""
-    head = getattr(_unwrap(model), "output_layer", None)
+    head = getattr(unwrap_model(model), "output_layer", None)
     if packing.kept is None or not selects_outputs(model):
         yield
         return
@@ -202,10 +200,4 @@ def selects_outputs(model) -> bool:
     """Whether this stage's head can run on kept positions only (`selected_outputs`)."""
     from megatron.core.tensor_parallel import ColumnParallelLinear
 
-    return isinstance(getattr(_unwrap(model), "output_layer", None), ColumnParallelLinear)
-
-
-def _unwrap(model):
-    while hasattr(model, "module"):
-        model = model.module
-    return model
+    return isinstance(getattr(unwrap_model(model), "output_layer", None), ColumnParallelLinear)

@@ -39,7 +39,7 @@ def test_packing_layout():
     packed = p.pack(ids)[0]
     assert packed[:21].tolist() == ids[mask.bool()].tolist()  # row-major real tokens, nothing else
     # row 1: prompt at padded positions 3..4, response at 5; its first real token is packed index 9
-    assert p.index(3, 3)[1].tolist() == [9, 10, 11]
+    assert p.index_valid(3, 3)[0][1].tolist() == [9, 10, 11]
     assert p.positions.tolist() == [*range(9), *range(3), *range(6), *range(3), *range(3)]  # restart per sequence
 
 
