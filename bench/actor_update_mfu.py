@@ -3,7 +3,8 @@
     python bench/actor_update_mfu.py [--shapes 0.5b,1.5b] [--steps 4]
 
 One GPU, bf16 parameters with fp32 main weights (megatron's optimizer), megatron DDP,
-SDPA attention. For each model shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings, vocab
+SDPA attention, transformer layers torch.compile'd as the service does on GPUs (variant
+`default`; `eager` without; both paths of a variant share the model). For each model shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings, vocab
 151936, random weights) and the same token budget:
 
   actor   what the actor service runs for UpdateActor: tandem.train.step.train_steps over
@@ -150,6 +151,9 @@ def run_shape(name: str, steps: int, peak: float, variant: str) -> list[dict]:
     model_build.FUSE_ON_GPU = variant != "unfused"
     torch.cuda.empty_cache()  # the previous variant's model is gone
     shape, model, ddp, opt = build(name)
+    if variant != "eager":  # the service's default on GPUs (actor.use_torch_compile)
+        from tandem.models.compile import compile_layers
+        compile_layers(model)
     batch, lengths, response_tokens = actor_batch(SHAPES[name]["batch"])
     rows = len(batch)
     actor_step = actor_step_fn(ddp, opt, batch, rows)
@@ -174,7 +178,9 @@ def main() -> None:
     p.add_argument("--shapes", default="0.5b,1.5b")
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--variants", default="default",
-                   help="comma list: default, unfused (without megatron's SwiGLU/bias-dropout-add fusions)")
+                   help="comma list: default (as the service runs: transformer layers torch.compile'd, "
+                        "tandem/models/compile.py), eager (not compiled), unfused (compiled, without "
+                        "megatron's SwiGLU/bias-dropout-add fusions)")
     args = p.parse_args()
     from tandem.dist.parallel import ParallelConfig, init_distributed
 
@@ -188,6 +194,10 @@ def main() -> None:
     print(f"\n- machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, megatron-core "
           f"{megatron.core.__version__}, {platform.python_version()}")
     print(f"- bf16 matmul rate measured (8192^3): {peak / 1e12:.0f} TFLOP/s")
+    if set(args.variants.split(",")) - {"eager"}:
+        from torch._dynamo.utils import counters
+        print(f"- compiled layers: {counters['stats']['unique_graphs']} graphs, "
+              f"{sum(counters['graph_break'].values())} graph breaks {dict(counters['graph_break'])}")
     print("\n| shape | variant | path | batch | real tokens | step s | tokens/s | MFU | MFU, LM head where needed | pad share of the padded input | peak GiB |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

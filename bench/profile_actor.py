@@ -1,7 +1,7 @@
 """Where the actor's update step spends its time: torch.profiler over bench/actor_update_mfu.py's
 actor step (one GPU), top operators by self device time and by self CPU time.
 
-    python bench/profile_actor.py [--shape 0.5b] [--steps 2] [--top 25]
+    python bench/profile_actor.py [--shape 0.5b] [--steps 2] [--top 25] [--eager] [--sync-sites]
 """
 from __future__ import annotations
 
@@ -30,16 +30,21 @@ CATEGORIES = (  # first match wins: (name, substrings of the kernel name, lower 
 def print_categories(events, steps: int) -> None:
     """Device time per step by kernel category (CUDA kernels only)."""
     totals: dict[str, float] = {}
+    kernels: dict[str, list] = {}
     for e in events:
         if e.device_type != torch.autograd.DeviceType.CUDA:
             continue
         name = e.key.lower()
         cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
-        totals[cat] = totals.get(cat, 0.0) + e.self_device_time_total / 1e3 / steps
+        ms = e.self_device_time_total / 1e3 / steps
+        totals[cat] = totals.get(cat, 0.0) + ms
+        kernels.setdefault(cat, []).append((ms, e.count // steps, e.key[:90]))
     whole = sum(totals.values())
     print(f"device time per step: {whole:.1f} ms")
     for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {cat:12s} {ms:8.1f} ms  {ms / whole:6.1%}")
+        for k_ms, calls, name in sorted(kernels[cat], reverse=True)[:3]:  # its biggest kernels
+            print(f"      {k_ms:7.2f} ms  {calls:5d} calls  {name}")
 
 
 def main() -> None:
@@ -49,6 +54,9 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--path", default="actor", choices=("actor", "plain"))
     p.add_argument("--unfused", action="store_true", help="without megatron's SwiGLU/bias-dropout-add fusions")
+    p.add_argument("--eager", action="store_true", help="without torch.compile of the layers (the default compiles them)")
+    p.add_argument("--sync-sites", action="store_true",
+                   help="also run one step with CUDA sync debugging: each host sync prints where it came from")
     a = p.parse_args()
     import actor_update_mfu as mfu
 
@@ -60,6 +68,9 @@ def main() -> None:
     init_distributed(ParallelConfig(), 0, 1, f"file://{os.path.join(tempfile.mkdtemp(), 'rdzv')}", seed=1)
     print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'per-sequence SDPA'}")
     shape, model, ddp, opt = mfu.build(a.shape)
+    if not a.eager:
+        from tandem.models.compile import compile_layers
+        compile_layers(model)
     batch = mfu.actor_batch(mfu.SHAPES[a.shape]["batch"])[0]
     rows = len(batch)
     step = mfu.actor_step_fn(ddp, opt, batch, rows) if a.path == "actor" else mfu.plain_step_fn(ddp, opt, rows)
@@ -67,6 +78,13 @@ def main() -> None:
     step()
     step()
     torch.cuda.synchronize()
+    if a.sync_sites:
+        import warnings
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        step()
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
     acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
     with torch.profiler.profile(activities=acts) as prof:
         for _ in range(a.steps):

@@ -77,6 +77,9 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
     tis_imp_ratio_cap: float = -1.0  # truncated IS with the rollout log-probs: weight min(ratio, cap); <= 0 = off
+    # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only;
+    # tandem/models/compile.py). CPU runs stay eager.
+    use_torch_compile: bool = True
 
 
 @dataclass
@@ -127,6 +130,7 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     init_from_policy: bool = True  # trunk from the (SFT) policy, fresh value head
+    use_torch_compile: bool = True  # as actor_rollout_ref.actor.use_torch_compile
 
 
 @dataclass

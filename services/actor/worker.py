@@ -17,6 +17,7 @@ from tandem.config import OptimConfig, TandemConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.build import build_gpt_model
+from tandem.models.compile import compile_layers
 from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
@@ -47,6 +48,9 @@ class ActorWorker:
                             ps.get_tensor_model_parallel_rank(), tp)
         self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
         self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp)  # megatron modules hold process groups: no deepcopy
+        if self.actor_cfg.use_torch_compile and device.has_cuda():
+            compile_layers(self.policy)
+            compile_layers(self.ref)
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
         self.set_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)

@@ -15,6 +15,7 @@ from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.dist import device
 from tandem.models.build import build_gpt_model
+from tandem.models.compile import compile_layers
 from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
@@ -34,6 +35,8 @@ class CriticWorker:
         self.model = build_gpt_model(self.shape, head="scalar", tp=m.tensor_model_parallel_size,
                                      pp=m.pipeline_model_parallel_size, ep=m.expert_model_parallel_size,
                                      params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel)
+        if self.critic_cfg.use_torch_compile and device.has_cuda():
+            compile_layers(self.model)
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
         self.load_balancing = load_balancing(self.model, self.shape, m, cfg.actor_rollout_ref.model)

@@ -59,12 +59,14 @@ class SDPAttention(MegatronModule):
         sq, sk = query.shape[0], key.shape[0]
         # [s, b, h, d] -> [b, h, s, d]
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-        is_causal = attention_mask is None and mask_type == AttnMaskType.causal and sq == sk
-        sdpa_mask = None if attention_mask is None else ~attention_mask  # SDPA: True = attend
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=sdpa_mask, is_causal=is_causal,
-            dropout_p=self.dropout_p if self.training else 0.0, scale=self.softmax_scale,
-            enable_gqa=self.heads_per_partition != self.groups_per_partition)
+        kw = dict(dropout_p=self.dropout_p if self.training else 0.0, scale=self.softmax_scale,
+                  enable_gqa=self.heads_per_partition != self.groups_per_partition)
+        # a branch, not is_causal=(...): under torch.compile sq == sk is symbolic and SDPA takes a bool
+        if attention_mask is None and mask_type == AttnMaskType.causal and sq == sk:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, **kw)
+        else:
+            sdpa_mask = None if attention_mask is None else ~attention_mask  # SDPA: True = attend
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=sdpa_mask, **kw)
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return out.permute(2, 0, 1, 3).reshape(sq, out.shape[0], -1)
 

@@ -1,0 +1,91 @@
+"""torch.compile of the transformer layers (tandem/models/compile.py): the compiled layers give
+the eager log-probs and gradients on the packed training path, one compiled graph serves all
+layers, and generation calls and compiler failures run eagerly."""
+import pytest
+import torch
+
+from tandem.models import compile as layer_compile
+from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs
+
+
+def _model():
+    from tandem.models.build import build_gpt_model
+    from tandem.models.spec import ModelShape
+
+    torch.manual_seed(0)
+    shape = ModelShape(vocab_size=32, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                       attention_bias=True, init_std=0.1)
+    return build_gpt_model(shape).train()
+
+
+def _batch(drop_last: bool = False):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, 32, (3, 9), generator=g)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for i, (p, r) in enumerate([(5, 4), (2, 3), (4, 1)]):
+        mask[i, 5 - p: 5 + r] = 1
+    if drop_last:  # another packed length: dynamic shapes, no recompile per length
+        mask[0, 8] = 0
+    return ids, mask
+
+
+def _loss_and_grads(model, drop_last: bool = False):
+    from tandem.data.batch import DataProto
+    from tandem.train.losses import response_log_probs
+
+    ids, mask = _batch(drop_last)
+    mb = DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, 5:],
+                            "response_mask": mask[:, 5:]})
+    model.zero_grad(set_to_none=True)
+    p = Packing(mask)
+    p.keep_responses(4)
+    cpu = torch.device("cpu")
+    with packed_rope(model, p, cpu), selected_outputs(model, p, cpu):
+        out = model(p.pack(ids), None, None, packed_seq_params=p.params(cpu))
+    lp, ent = response_log_probs(PackedOutput(out, p), mb, 1.0, with_entropy=True, entropy_grad=True)
+    ((lp - 0.1 * ent) * mb["response_mask"]).sum().backward()
+    return lp.detach(), {n: q.grad.clone() for n, q in model.named_parameters()}
+
+
+def test_compiled_layers_match_eager(megatron_dist):
+    from torch._dynamo.utils import counters
+
+    model = _model()
+    lp_eager, g_eager = _loss_and_grads(model)
+    captured = counters["stats"]["calls_captured"]
+    assert layer_compile.compile_layers(model) == 3
+    lp, grads = _loss_and_grads(model)
+    assert counters["stats"]["calls_captured"] > captured  # the layers ran through dynamo
+    assert (lp - lp_eager).abs().max() < 1e-5
+    for name, g in g_eager.items():
+        scale = g.abs().max().clamp(min=1e-3)
+        assert (grads[name] - g).abs().max() / scale < 1e-4, name
+    _loss_and_grads(model, drop_last=True)  # a new packed length still runs
+
+
+def test_generation_calls_and_compiler_failures_run_eagerly(megatron_dist, monkeypatch):
+    model = _model()
+    layer_compile.compile_layers(model)
+    layer = model.decoder.layers[0]
+    call = layer._compiled_call_impl
+    ran = []
+    monkeypatch.setattr(call, "eager", lambda *a, **k: ran.append("eager") or "eager")
+
+    def failing(*a, **k):
+        raise torch._dynamo.exc.InternalTorchDynamoError("inductor bug")
+    monkeypatch.setattr(call, "compiled", failing)
+    assert layer(hidden_states=None, inference_context=object()) == "eager"  # generation: never compiled
+    assert not layer_compile._CompiledCall.failed
+    monkeypatch.setattr(layer_compile._CompiledCall, "failed", False)
+    assert layer(hidden_states=None) == "eager"  # the compile failed: eager, and from now on
+    assert layer_compile._CompiledCall.failed
+    assert ran == ["eager", "eager"]
+
+
+def test_megatron_warnings_outside_compiled_regions_still_warn():
+    layer_compile._quiet_megatron_warnings()
+    from megatron.core import utils
+
+    with pytest.warns(DeprecationWarning, match="tp_group"):
+        utils.warnings.warn("tp_group is None", DeprecationWarning, stacklevel=2)
