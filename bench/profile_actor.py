@@ -32,8 +32,8 @@ def print_categories(events, steps: int) -> None:
     totals: dict[str, float] = {}
     kernels: dict[str, list] = {}
     for e in events:
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
+        if e.device_type != torch.autograd.DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+            continue  # GPU-side user annotations (Optimizer.step#...) repeat their kernels' time
         name = e.key.lower()
         cat = next((c for c, keys in CATEGORIES if any(k in name for k in keys)), "other")
         ms = e.self_device_time_total / 1e3 / steps

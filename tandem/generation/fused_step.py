@@ -33,8 +33,9 @@ COMPILE_KW = dict(fullgraph=True, dynamic=False)
 # compile modes: "plain" compiles the model math only; "step" also the step's index math
 # and bookkeeping (~25 tiny kernels per step otherwise, each a launch in the graph);
 # "autotune" (opt-in, CUDA only) also picks each layer GEMM among cuBLAS and inductor's
-# Triton templates by timing them at the batch size: ~10 s of benchmarking per GEMM shape
-# on an H200 (torch 2.11), i.e. ~40 s more compile per batch size; speed-up not measured yet
+# Triton templates by timing them at the batch size: ~60 s more compile per batch size on an
+# H200 (torch 2.11), and measured slower there (0.5B, batch 256: 2.17 against 2.05 ms per
+# step, bench/RESULTS.md): kept opt-in for other GPUs and shapes
 MODES = ("plain", "step", "autotune")
 DEFAULT_MODE = "step"
 AUTOTUNE = dict(max_autotune_gemm=True, max_autotune_gemm_backends="ATEN,TRITON",
