@@ -70,12 +70,16 @@ class Packing:
 
     def params(self, device: torch.device):
         """megatron PackedSeqParams (THD) without cu_seqlens (see the module doc); attention
-        reads `tandem_cu_seqlens` (device) and `tandem_cu_seqlens_cpu`."""
+        reads `tandem_cu_seqlens` (device), or where varlen attention cannot run
+        `tandem_pad_index`: each packed token's (sequence, position) in a right-padded
+        [sequences, max_seqlen] layout."""
         from megatron.core.packed_seq_params import PackedSeqParams
 
         p = PackedSeqParams(qkv_format="thd", max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
         p.tandem_cu_seqlens = self.cu_seqlens.to(device)
-        p.tandem_cu_seqlens_cpu = self.cu_seqlens
+        lens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
+        seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
+        p.tandem_pad_index = (seq.to(device), (torch.arange(self.total) - self.cu_seqlens[seq]).to(device))
         return p
 
     def index_valid(self, first: int, width: int, predicts: bool = False):
