@@ -78,7 +78,7 @@ class SDPAttention(MegatronModule):
             out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale, gqa)
         else:  # one causal SDPA over the sequences right-padded to the longest: a sequence's
             # padding comes after its tokens, so causality alone keeps it out of their attention
-            seq, pos = params.tandem_pad_index
+            seq, pos = (i.to(q.device) for i in params.tandem_pad_index)
             shape = (len(params.tandem_cu_seqlens) - 1, int(params.max_seqlen_q))  # [sequences, longest]
             q, k, v = (t.new_zeros(*shape, *t.shape[1:]).index_put((seq, pos), t).transpose(1, 2)
                        for t in (q, k, v))  # -> [sequences, heads, longest, d]

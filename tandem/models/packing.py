@@ -79,7 +79,7 @@ class Packing:
         p.tandem_cu_seqlens = self.cu_seqlens.to(device)
         lens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
         seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
-        p.tandem_pad_index = (seq.to(device), (torch.arange(self.total) - self.cu_seqlens[seq]).to(device))
+        p.tandem_pad_index = (seq, torch.arange(self.total) - self.cu_seqlens[seq])  # CPU: moved if used
         return p
 
     def index_valid(self, first: int, width: int, predicts: bool = False):
