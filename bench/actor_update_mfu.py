@@ -4,8 +4,9 @@
 
 One GPU, bf16 parameters with fp32 main weights (megatron's optimizer), megatron DDP,
 SDPA attention, transformer layers torch.compile'd as the service does on GPUs (variant
-`default`; `eager` without; both paths of a variant share the model). For each model shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings, vocab
-151936, random weights) and the same token budget:
+`default`; `eager` without; both paths of a variant share the model). For each model
+shape (Qwen2.5-0.5B / 1.5B: GQA, tied embeddings, vocab 151936, random weights) and the
+same token budget:
 
   actor   what the actor service runs for UpdateActor: tandem.train.step.train_steps over
           tandem.train.losses.ppo_actor_loss (clipped PPO on variable-length responses,

@@ -66,7 +66,7 @@ def main() -> None:
     build.FUSE_ON_GPU = not a.unfused
 
     init_distributed(ParallelConfig(), 0, 1, f"file://{os.path.join(tempfile.mkdtemp(), 'rdzv')}", seed=1)
-    print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'per-sequence SDPA'}")
+    print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'padded SDPA'}")
     shape, model, ddp, opt = mfu.build(a.shape)
     if not a.eager:
         from tandem.models.compile import compile_layers

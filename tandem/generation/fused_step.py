@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.generation.sampling import sample_tokens
+from tandem.models.compile import raise_recompile_limit
 
 log = logging.getLogger(__name__)
 
@@ -197,9 +198,7 @@ class DecodeFns:
         if mode and mode not in MODES:
             raise ValueError(f"compile must be a bool or one of {MODES}, got {compile!r}")
         if mode:  # one compiled graph per (function, batch size, sampling settings)
-            cfg = torch._dynamo.config
-            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-            setattr(cfg, limit, max(getattr(cfg, limit), 64))
+            raise_recompile_limit(64)
         gemm = dict(options=AUTOTUNE) if mode == "autotune" and cuda else {}
         for name, fn, kw in (("embed_norm", embed_norm, {}), ("qkv_rope", qkv_rope, gemm),
                              ("proj_mlp", proj_mlp, gemm), ("head_sample", head_sample, {}),

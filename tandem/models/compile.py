@@ -54,12 +54,17 @@ def compile_layers(model) -> int:
     for layer in layers:
         if not isinstance(layer._compiled_call_impl, _CompiledCall):
             layer._compiled_call_impl = _CompiledCall(layer)
-    # graphs are keyed by code, not by layer: headroom for grad mode, dtype and layout variants
-    cfg = torch._dynamo.config
-    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, limit, max(getattr(cfg, limit), 16))
+    raise_recompile_limit(16)  # graphs are keyed by code, not layer: grad mode, dtype, layout variants
     _quiet_megatron_warnings()
     return len(layers)
+
+
+def raise_recompile_limit(n: int) -> None:
+    """At least n compiled variants per function before dynamo falls back to eager
+    (`recompile_limit`, `cache_size_limit` before torch 2.6)."""
+    cfg = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, limit, max(getattr(cfg, limit), n))
 
 
 class _WarningsOutsideCompile:

@@ -52,16 +52,16 @@ def test_compiled_layers_match_eager(megatron_dist):
     from torch._dynamo.utils import counters
 
     model = _model()
-    lp_eager, g_eager = _loss_and_grads(model)
+    eager = [_loss_and_grads(model, drop) for drop in (False, True)]
     captured = counters["stats"]["calls_captured"]
     assert layer_compile.compile_layers(model) == 3
-    lp, grads = _loss_and_grads(model)
+    for drop, (lp_eager, g_eager) in zip((False, True), eager):  # then another packed length
+        lp, grads = _loss_and_grads(model, drop)
+        assert (lp - lp_eager).abs().max() < 1e-5
+        for name, g in g_eager.items():
+            scale = g.abs().max().clamp(min=1e-3)
+            assert (grads[name] - g).abs().max() / scale < 1e-4, name
     assert counters["stats"]["calls_captured"] > captured  # the layers ran through dynamo
-    assert (lp - lp_eager).abs().max() < 1e-5
-    for name, g in g_eager.items():
-        scale = g.abs().max().clamp(min=1e-3)
-        assert (grads[name] - g).abs().max() / scale < 1e-4, name
-    _loss_and_grads(model, drop_last=True)  # a new packed length still runs
 
 
 def test_generation_calls_and_compiler_failures_run_eagerly(megatron_dist, monkeypatch):

@@ -58,10 +58,12 @@ def _update(install: bool):
         model = build_gpt_model(ModelShape(vocab_size=32, hidden_size=32, num_hidden_layers=1,
                                            num_attention_heads=2, num_key_value_heads=1, intermediate_size=64))
         ddp = wrap_ddp(model)
-        opt = Optimizer(ddp, OptimConfig(lr=1e-2, clip_grad=1e-3))  # small clip: the scale path runs
+        opt = Optimizer(ddp, OptimConfig(lr=1e-2, clip_grad=1e-3))  # small clip: the norm sets the step
         opt.zero_grad()
         ids = torch.randint(0, 32, (2, 8), generator=torch.Generator().manual_seed(1))
         ddp(ids, None, None).float().pow(2).mean().backward()
+        from megatron.core.optimizer import clip_grads
+        assert (clip_grads.l2_norm_impl is foreach_fallbacks.l2_norm) == install  # what the step used
         norm = opt.step()
         return {n: p.detach().clone() for n, p in model.named_parameters()}, norm
     finally:
@@ -70,8 +72,7 @@ def _update(install: bool):
 
 def test_optimizer_step_through_foreach_equals_loops(megatron_dist):
     loops, loops_norm = _update(install=False)
-    ours, ours_norm = _update(install=True)
-    assert foreach_fallbacks.install()  # no TE / Apex here: the fallbacks are megatron's loops
+    ours, ours_norm = _update(install=True)  # Optimizer installed them (no TE / Apex here)
     assert ours_norm == pytest.approx(loops_norm, rel=1e-6) and ours_norm > 1e-3
     for name, w in loops.items():
         assert torch.equal(w, ours[name]), name
