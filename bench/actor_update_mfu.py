@@ -1,6 +1,6 @@
 """Tokens/s and MFU of the actor's own update path, beside a plain megatron-core LM step.
 
-    python bench/actor_update_mfu.py [--shapes 0.5b,1.5b] [--steps 4]
+    python bench/actor_update_mfu.py [--shapes 0.5b,1.5b] [--steps 4] [--micro-batches 1,8]
 
 One GPU, bf16 parameters with fp32 main weights (megatron's optimizer), megatron DDP,
 SDPA attention, transformer layers torch.compile'd as the service does on GPUs (variant
@@ -21,7 +21,12 @@ measured in this run (8192^3 GEMMs). FLOPs per token: 6 x (matmul params incl. t
 head) + causal attention 6 x layers x hidden x context (the usual count, verl's too).
 The actor needs the LM head only where it predicts a response token and runs it only
 there, so a second, stricter column counts the head's FLOPs at those positions alone
-(for the plain step both counts are equal). Prints a markdown table.
+(for the plain step both counts are equal). `--micro-batches K`: each optimizer step
+covers K micro-batches of that batch size (gradients accumulated, as UpdateActor runs a
+PPO mini-batch of ppo_mini_batch_size rows in micro-batches of
+ppo_micro_batch_size_per_gpu): the optimizer's fixed cost per step is spread over K
+micro-batches, as in real runs, where K is tens to hundreds. K = 1 (one optimizer step
+per micro-batch) is the worst case. Prints a markdown table.
 """
 from __future__ import annotations
 
@@ -123,9 +128,10 @@ def actor_step_fn(ddp, opt, batch, rows: int):
     return lambda: train_steps(ddp, opt, [batch], rows, loss_fn, "grad_norm", "lr")
 
 
-def plain_step_fn(ddp, opt, rows: int):
-    """GPTModel's own LM loss on full causal rows, megatron's schedule, same optimizer step."""
-    ids = torch.randint(0, VOCAB, (rows, SEQ), device="cuda")
+def plain_step_fn(ddp, opt, rows: int, micro: int = 1):
+    """GPTModel's own LM loss on full causal rows, megatron's schedule, same optimizer step;
+    `micro` micro-batches of `rows` rows per step."""
+    ids = [torch.randint(0, VOCAB, (rows, SEQ), device="cuda") for _ in range(micro)]
 
     def plain_step():
         from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -140,13 +146,13 @@ def plain_step_fn(ddp, opt, rows: int):
 
         ddp.train()
         opt.zero_grad()
-        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter([ids]), model=ddp,
-                                    num_microbatches=1, seq_length=SEQ - 1, micro_batch_size=rows)
+        get_forward_backward_func()(forward_step_func=forward_step, data_iterator=iter(ids), model=ddp,
+                                    num_microbatches=micro, seq_length=SEQ - 1, micro_batch_size=rows)
         opt.step()
     return plain_step
 
 
-def run_shape(name: str, steps: int, peak: float, variant: str) -> list[dict]:
+def run_shape(name: str, steps: int, peak: float, variant: str, micros: list[int]) -> list[dict]:
     from tandem.models import build as model_build
 
     model_build.FUSE_ON_GPU = variant != "unfused"
@@ -155,23 +161,28 @@ def run_shape(name: str, steps: int, peak: float, variant: str) -> list[dict]:
     if variant != "eager":  # the service's default on GPUs (actor.use_torch_compile)
         from tandem.models.compile import compile_layers
         compile_layers(model)
-    batch, lengths, response_tokens = actor_batch(SHAPES[name]["batch"])
-    rows = len(batch)
-    actor_step = actor_step_fn(ddp, opt, batch, rows)
-    plain_step = plain_step_fn(ddp, opt, rows)
-
+    rows = SHAPES[name]["batch"]
     out = []
-    for kind, fn, lens, head in (("plain", plain_step, [SEQ - 1] * rows, None),
-                                 ("actor", actor_step, lengths, response_tokens)):
-        torch.cuda.reset_peak_memory_stats()
-        dt = timed(fn, steps)
-        toks = sum(lens)
-        out.append(dict(shape=name, kind=kind, variant=variant, batch=f"{rows} x {SEQ}", tokens=toks,
-                        step_s=dt, tok_s=toks / dt, mfu=flops(shape, lens) / dt / peak,
-                        mfu_needed=flops(shape, lens, head) / dt / peak,
-                        padded_share=1 - toks / (rows * SEQ) if kind == "actor" else 0.0,
-                        peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30))
+    for micro in micros:
+        batch, lengths, response_tokens = actor_batch(rows * micro)  # `micro` micro-batches of `rows`
+        actor_step = actor_step_fn(ddp, opt, batch, rows)
+        plain_step = plain_step_fn(ddp, opt, rows, micro)
+        out += [measure(name, variant, kind, fn, steps, peak, shape, micro, rows, lens, head)
+                for kind, fn, lens, head in (("plain", plain_step, [SEQ - 1] * rows * micro, None),
+                                             ("actor", actor_step, lengths, response_tokens))]
     return out
+
+
+def measure(name, variant, kind, fn, steps, peak, shape, micro, rows, lens, head) -> dict:
+    torch.cuda.reset_peak_memory_stats()
+    dt = timed(fn, steps)
+    toks = sum(lens)
+    return dict(shape=name, kind=kind, variant=variant, micro=micro,
+                batch=f"{micro} x {rows} x {SEQ}" if micro > 1 else f"{rows} x {SEQ}", tokens=toks,
+                step_s=dt, tok_s=toks / dt, mfu=flops(shape, lens) / dt / peak,
+                mfu_needed=flops(shape, lens, head) / dt / peak,
+                padded_share=1 - toks / (micro * rows * SEQ) if kind == "actor" else 0.0,
+                peak_gib=torch.cuda.max_memory_allocated() / 2 ** 30)
 
 
 def main() -> None:
@@ -182,14 +193,17 @@ def main() -> None:
                    help="comma list: default (as the service runs: transformer layers torch.compile'd, "
                         "tandem/models/compile.py), eager (not compiled), unfused (compiled, without "
                         "megatron's SwiGLU/bias-dropout-add fusions)")
+    p.add_argument("--micro-batches", default="1",
+                   help="comma list: micro-batches per optimizer step (one row each in the table)")
     args = p.parse_args()
     from tandem.dist.parallel import ParallelConfig, init_distributed
 
+    micros = [int(m) for m in args.micro_batches.split(",")]
     rdzv = os.path.join(tempfile.mkdtemp(), "rdzv")
     init_distributed(ParallelConfig(), 0, 1, f"file://{rdzv}", seed=1)
     peak = matmul_rate()
     rows = [r for name in args.shapes.split(",") for v in args.variants.split(",")
-            for r in run_shape(name, args.steps, peak, v)]
+            for r in run_shape(name, args.steps, peak, v, micros)]
     import megatron.core
 
     print(f"\n- machine: {torch.cuda.get_device_name()}, torch {torch.__version__}, megatron-core "
@@ -206,9 +220,10 @@ def main() -> None:
               f"{r['tok_s']:,.0f} | {r['mfu']:.3f} | {r['mfu_needed']:.3f} | {r['padded_share']:.2f} | {r['peak_gib']:.1f} |")
     for name in args.shapes.split(","):
         for v in args.variants.split(","):
-            a = next(r for r in rows if r["shape"] == name and r["kind"] == "actor" and r["variant"] == v)
-            b = next(r for r in rows if r["shape"] == name and r["kind"] == "plain" and r["variant"] == v)
-            print(f"- {name} {v}: actor/plain MFU ratio {a['mfu'] / b['mfu']:.2f}")
+            for m in micros:
+                a, b = (next(r for r in rows if r["shape"] == name and r["kind"] == kind and r["variant"] == v
+                             and r["micro"] == m) for kind in ("actor", "plain"))
+                print(f"- {name} {v} {m} micro-batch(es) per step: actor/plain MFU ratio {a['mfu'] / b['mfu']:.2f}")
 
 
 if __name__ == "__main__":

@@ -229,6 +229,70 @@ def profile(model, shape, batch, prompt_len, attn, kv_len, decode) -> None:
           "first_generate_s": setup, "eager_step_ms": eager * 1e3, "graph_step_ms": graph * 1e3})
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=18,
                                     max_name_column_width=70), flush=True)
+    del eng, r
+
+    def make_engine(sync_every):
+        return GenerationEngine(model, pad_id=0, eos_id=-1, vocab_size=shape.vocab_size, max_batch_size=batch,
+                                sync_every=sync_every, decode_attention=attn, **decode_kw(decode))
+    for sync_every in (8, 16, 64):
+        emit({"breakdown": shape.hidden_size, "batch": batch,
+              **engine_breakdown(make_engine, prompts, kv_len - prompt_len, sync_every)})
+
+
+def engine_breakdown(make_engine, prompts, new_tokens, sync_every) -> dict:
+    """Where a whole generate's time goes: GPU time of the prefills and of the decode windows
+    (CUDA events around each, so in-window device time per step is comparable with a
+    back-to-back graph replay), host time in the scheduler, and the rest of the wall time
+    (host work between windows that the device waits for)."""
+    from tandem.generation.sampling import SamplingParams
+    from tandem.generation.scheduler import Scheduler
+
+    marks, host = {"prefill": [], "window": []}, {"schedule": 0.0, "update": 0.0}
+
+    def timed_method(obj, name, kind):
+        orig = getattr(obj, name)
+
+        def run(*a):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = orig(*a)
+            end.record()
+            marks[kind].append((start, end, a[0].decode_steps if kind == "window" else 0))
+            return out
+        setattr(obj, name, run)
+
+    def host_timed(name):
+        orig = getattr(Scheduler, name)
+
+        def run(self, *a):
+            t0 = time.perf_counter()
+            out = orig(self, *a)
+            host[name] += time.perf_counter() - t0
+            return out
+        return orig, run
+
+    eng = make_engine(sync_every)
+    params = SamplingParams(max_new_tokens=new_tokens, seed=1)
+    eng.generate(prompts, params)  # captures this engine's graphs
+    r = eng.runner
+    timed_method(r, "_prefill", "prefill")
+    timed_method(r, "_decode_window", "window")
+    saved = {n: host_timed(n) for n in host}
+    for n, (_, run) in saved.items():
+        setattr(Scheduler, n, run)
+    try:
+        wall = timed(lambda: eng.generate(prompts, params))
+    finally:
+        for n, (orig, _) in saved.items():
+            setattr(Scheduler, n, orig)
+        del r._prefill, r._decode_window
+    gpu = {k: sum(s.elapsed_time(e) for s, e, _ in v) for k, v in marks.items()}
+    steps = sum(n for _, _, n in marks["window"])
+    return {"sync_every": sync_every, "wall_ms": wall * 1e3, "prefill_gpu_ms": gpu["prefill"],
+            "windows": len(marks["window"]), "decode_steps": steps, "windows_gpu_ms": gpu["window"],
+            "window_ms_per_step": gpu["window"] / steps, "scheduler_host_ms": 1e3 * sum(host.values()),
+            "outside_ms": wall * 1e3 - gpu["prefill"] - gpu["window"],
+            "outside_ms_per_step": (wall * 1e3 - gpu["prefill"] - gpu["window"]) / steps}
 
 
 def bench_engine(model, shape, batch, prompt_len, new_tokens, rate, sync_every, attn="sdpa", decode="fused"):

@@ -13,7 +13,9 @@ captured in the runner's CUDA graphs.
 
 The step's new key and value are an input too: the program whose chunk holds pos uses
 them in place of the (stale) cached row and writes them to the cache, so the decode
-step has no separate KV-cache scatter.
+step has no separate KV-cache scatter. Optionally q, k and v come straight from the qkv
+GEMM and the kernel adds their bias and applies RoPE (fp32, rounded to the cache dtype,
+as the compiled qkv_rope does): one kernel per layer less in the step.
 
 GPU only in production (the runner picks it on CUDA, SDPA elsewhere); with
 TRITON_INTERPRET=1 it also runs on CPU tensors, which the unit tests use.
@@ -31,11 +33,27 @@ MIN_CHUNK = 256  # keys per split at least: shorter splits cost more in the comb
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O,
+def _head(ptr, bias, offs_d, partner, sign, cos, sin, mask, ROPE: tl.constexpr, BIAS: tl.constexpr):
+    """A head's (or a [heads, d] tile's) raw projection + bias, rotated (megatron's
+    rotate_half RoPE: channel i pairs with i +- rot/2), in fp32."""
+    x = tl.load(ptr + offs_d, mask=mask, other=0.0).to(tl.float32)
+    if BIAS:
+        x += tl.load(bias + offs_d, mask=mask, other=0.0).to(tl.float32)
+    if ROPE:
+        y = tl.load(ptr + partner, mask=mask, other=0.0).to(tl.float32)
+        if BIAS:
+            y += tl.load(bias + partner, mask=mask, other=0.0).to(tl.float32)
+        x = x * cos + sign * y * sin
+    return x
+
+
+@triton.jit
+def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN,
                   sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g,
-                  sc_b, sc_g, sc_n, so_b, so_g, so_h,
-                  scale_log2, qpg, kv_len, chunk,
-                  DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr):
+                  sc_b, sc_g, sc_n, so_b, so_g, so_h, sqb_g, scos_b,
+                  scale_log2, qpg, kv_len, chunk, rot,
+                  DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  ROPE: tl.constexpr, BIAS: tl.constexpr):
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
@@ -45,9 +63,21 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O,
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, D)
     rows = offs_h < qpg
-    q = tl.load(Q + b * sq_b + g * sq_g + offs_h[:, None] * sq_h + offs_d[None, :], mask=rows[:, None], other=0.0)
-    kn = tl.load(KN + b * skn_b + g * skn_g + offs_d)
-    vn = tl.load(VN + b * svn_b + g * svn_g + offs_d)
+    # with ROPE, Q / KN / VN are the qkv GEMM's raw output: bias (QB: [G, qpg + 2, d]) and
+    # RoPE (COS / SIN: [b, rot] rows at each slot's position) are applied here
+    half = rot // 2
+    partner = tl.where(offs_d < half, offs_d + half, tl.where(offs_d < rot, offs_d - half, offs_d))
+    sign = tl.where(offs_d < half, -1.0, 1.0)
+    cos = tl.load(COS + b * scos_b + offs_d, mask=offs_d < rot, other=1.0).to(tl.float32)
+    sin = tl.load(SIN + b * scos_b + offs_d, mask=offs_d < rot, other=0.0).to(tl.float32)
+    qb = QB + g * sqb_g
+    q = _head(Q + b * sq_b + g * sq_g + offs_h[:, None] * sq_h, qb + offs_h[:, None] * D, offs_d[None, :],
+              partner[None, :], sign[None, :], cos[None, :], sin[None, :], rows[:, None], ROPE, BIAS)
+    q = q.to(Q.dtype.element_ty)
+    kn = _head(KN + b * skn_b + g * skn_g, qb + qpg * D, offs_d, partner, sign, cos, sin, offs_d < D,
+               ROPE, BIAS).to(KC.dtype.element_ty)
+    vn = _head(VN + b * svn_b + g * svn_g, qb + (qpg + 1) * D, offs_d, offs_d, sign, cos, sin, offs_d < D,
+               False, BIAS).to(VC.dtype.element_ty)
     slot = b.to(tl.int64) * sc_b + g * sc_g  # int64: a large cache passes 2**31 elements
     kc = KC + slot
     vc = VC + slot
@@ -133,16 +163,29 @@ def _sm_count(device: torch.device) -> int:
 
 def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, pos: torch.Tensor, kv_len: int, scale: float, *,
-                     splits: int | None = None, block_n: int | None = None, num_warps: int | None = None,
-                     num_stages: int | None = None) -> torch.Tensor:
+                     bias: torch.Tensor | None = None, cos: torch.Tensor | None = None,
+                     sin: torch.Tensor | None = None, splits: int | None = None, block_n: int | None = None,
+                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [b, G, qpg, d], k_new and v_new [b, G, d]: the step's query, key and value of
     slots 0..b-1; k_cache, v_cache [slots, G, max_len, d] (one layer, same strides); pos [b]
     (int): each slot's new cache position. Writes k_new / v_new at pos (when pos < kv_len)
     and attends each slot over positions 0..min(pos, kv_len - 1) -> [b, G, qpg, d] in q's
-    dtype. splits, block_n, num_warps, num_stages: tuning overrides (benchmarks)."""
+    dtype.
+
+    With cos and sin ([b, rot] at each slot's RoPE position, rot <= d, megatron's
+    non-interleaved layout) q / k_new / v_new are the qkv GEMM's raw output: the kernel adds
+    `bias` ([G, qpg + 2, d]: per group its query heads, key, value; optional) and rotates q
+    and k itself, so the decode step needs no separate bias + RoPE kernel per layer.
+    splits, block_n, num_warps, num_stages: tuning overrides (benchmarks)."""
     b, groups, qpg, d = q.shape
     q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and supported(d)
+    rope = cos is not None
+    if rope:
+        assert sin is not None and cos.shape == sin.shape and cos.shape[0] >= b and cos.shape[-1] <= d
+        assert cos.stride() == sin.stride() and cos.stride(-1) == 1
+    if bias is not None:
+        assert rope and bias.shape == (groups, qpg + 2, d) and bias.is_contiguous()
     block_h = max(16, triton.next_power_of_2(qpg))
     sms = _sm_count(q.device)
     splits = splits or num_splits(b, groups, kv_len, sms)
@@ -162,10 +205,13 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         po = pl = out  # unused
     _split_kernel[(b, groups, splits)](
         q, k_new, v_new, k_cache, v_cache, pos, po, pl, out,
+        q if bias is None else bias, q if cos is None else cos, q if sin is None else sin,  # unread when absent
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        out.stride(0), out.stride(1), out.stride(2), scale * LOG2E, qpg, kv_len, chunk,
-        DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, num_warps=num_warps, num_stages=num_stages)
+        out.stride(0), out.stride(1), out.stride(2), (qpg + 2) * d, cos.stride(0) if rope else 0,
+        scale * LOG2E, qpg, kv_len, chunk, cos.shape[-1] if rope else 0,
+        DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, ROPE=rope, BIAS=bias is not None,
+        num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _combine_kernel[(b, groups)](po, pl, out, out.stride(0), out.stride(1), out.stride(2), qpg, splits,
                                      BLOCK_S=triton.next_power_of_2(splits),

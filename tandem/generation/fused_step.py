@@ -135,8 +135,13 @@ def embed_norm(tok, embedding, norm, eps):
 def qkv_rope(x, w, b, q_norm, k_norm, cos, sin, eps, groups: int, qpg: int, d: int):
     """x [b, H] normed, cos/sin [b, rot] -> q [b, groups, qpg, d], k and v [b, groups, d].
     megatron's fused qkv layout: per query group, its qpg query heads, then k, then v."""
-    n = x.shape[0]
-    q, k, v = F.linear(x, w, b).view(n, groups, (qpg + 2) * d).split([qpg * d, d, d], dim=-1)
+    return rope_heads(F.linear(x, w, b), q_norm, k_norm, cos, sin, eps, groups, qpg, d)
+
+
+def rope_heads(qkv, q_norm, k_norm, cos, sin, eps, groups: int, qpg: int, d: int):
+    """qkv [b, groups * (qpg + 2) * d] (bias added) -> qkv_rope's q, k, v."""
+    n = qkv.shape[0]
+    q, k, v = qkv.view(n, groups, (qpg + 2) * d).split([qpg * d, d, d], dim=-1)
     q, k = _norm(q.reshape(n, groups, qpg, d), q_norm, eps), _norm(k, k_norm, eps)
     q = _rope(q, cos[:, None, None], sin[:, None, None])
     return q, _rope(k, cos[:, None], sin[:, None]), v

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tandem.generation.fused_step import DecodeFns, DecodeWeights, advance
+from tandem.generation.fused_step import DecodeFns, DecodeWeights, advance, rope_heads
 from tandem.generation.graphs import DecodeGraphs
 from tandem.generation.kv_cache import KVCache
 from tandem.generation.sampling import SamplingParams, sample_rows
@@ -273,18 +273,29 @@ class ModelRunner:
     def _mask(self, pos, kv_len) -> torch.Tensor:
         return (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
 
-    def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len) -> torch.Tensor:
+    def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len, raw=None) -> torch.Tensor:
         """Write k, v [b, groups, d] at each slot's position, attend q [b, groups, qpg, d]
         (a group's query heads are the query "sequence" of its KV head) over the first
-        kv_len cache positions -> [b, groups, qpg, d]."""
+        kv_len cache positions -> [b, groups, qpg, d]. raw = (qkv bias or None, cos, sin):
+        q, k, v are the qkv GEMM's output before bias and RoPE (the Triton kernel's path)."""
         b = q.shape[0]
         if self.kernel is not None:  # writes k and v itself (decode_attention.py)
+            rope = {}
+            if raw is not None:
+                bias, cos, sin = raw
+                rope = dict(bias=None if bias is None else bias.view(q.shape[1], q.shape[2] + 2, q.shape[3]),
+                            cos=cos, sin=sin)
             try:
                 return self.kernel(q, k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], pos, kv_len,
-                                   self.scale)
+                                   self.scale, **rope)
             except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop generation
                 log.warning("triton decode attention failed, using SDPA: %s", e)
                 self.kernel, self.decode_attention = None, "sdpa"
+        if raw is not None:  # the kernel was dropped: bias and RoPE in torch
+            bias, cos, sin = raw
+            groups, qpg, d = q.shape[1], q.shape[2], q.shape[3]
+            qkv = torch.cat([q, k[:, :, None], v[:, :, None]], dim=2).reshape(b, -1)
+            q, k, v = rope_heads(qkv if bias is None else qkv + bias, None, None, cos, sin, None, groups, qpg, d)
         if allowed is None:  # the kernel was dropped during this step
             allowed = self._mask(pos, kv_len)
         self.cache.write_decode(layer_idx, b, pos, k, v)
@@ -301,11 +312,16 @@ class ModelRunner:
         """The decode trunk, head and sampler through fused_step's functions -> (tokens, log-probs)."""
         w, f, p = self.weights, self.fns, self.request.params
         h, x = f.embed_norm(tok, w.embedding, w.layers[0].norm1, w.eps)
-        qpg = self.heads // self.groups
+        qpg, d = self.heads // self.groups, self.head_dim
         for i, lw in enumerate(w.layers):
-            q, k, v = f.qkv_rope(x, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, w.eps,
-                                 self.groups, qpg, self.head_dim)
-            out = self._attend(i, q, k, v, pos, allowed, kv_len)
+            if self.kernel is not None and lw.q_norm is None:  # bias and RoPE inside the attention kernel
+                heads = F.linear(x, lw.qkv_w).view(x.shape[0], self.groups, qpg + 2, d)
+                out = self._attend(i, heads[:, :, :qpg], heads[:, :, qpg], heads[:, :, qpg + 1], pos, allowed,
+                                   kv_len, raw=(lw.qkv_b, cos, sin))
+            else:
+                q, k, v = f.qkv_rope(x, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, w.eps,
+                                     self.groups, qpg, d)
+                out = self._attend(i, q, k, v, pos, allowed, kv_len)
             nxt = w.layers[i + 1].norm1 if i + 1 < len(w.layers) else w.final_norm
             h, x = f.proj_mlp(out, h, lw.proj_w, lw.proj_b, lw.norm2, lw.fc1_w, lw.fc1_b, lw.fc2_w,
                               lw.fc2_b, nxt, w.eps)

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 import torch
 from megatron.core.utils import unwrap_model
 
+from tandem.dist.device import to_device
+
 
 class Packing:
     """Where each row's real tokens go in the packed row. `multiple`: the packed length is
@@ -66,7 +68,7 @@ class Packing:
 
     def pack(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [1, N]: the real tokens of every row, then the filler."""
-        return ids.reshape(-1)[self.source.to(ids.device)][None]
+        return ids.reshape(-1)[self.source.to(ids.device)][None]  # on ids' device (the host: no sync)
 
     def params(self, device: torch.device):
         """megatron PackedSeqParams (THD) without cu_seqlens (see the module doc); attention
@@ -76,7 +78,7 @@ class Packing:
         from megatron.core.packed_seq_params import PackedSeqParams
 
         p = PackedSeqParams(qkv_format="thd", max_seqlen_q=self.max_seqlen, max_seqlen_kv=self.max_seqlen)
-        p.tandem_cu_seqlens = self.cu_seqlens.to(device)
+        p.tandem_cu_seqlens = to_device(self.cu_seqlens, device)
         lens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
         seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
         p.tandem_pad_index = (seq, torch.arange(self.total) - self.cu_seqlens[seq])  # CPU: moved if used
@@ -106,7 +108,7 @@ class PackedOutput:
     def take(self, first: int, width: int) -> torch.Tensor:
         """Outputs at padded positions first .. first+width-1: [B, width, ...]."""
         idx, valid = self.packing.index_valid(first, width)
-        return self.output[0][self._rows(idx, valid).to(self.device)]
+        return self.output[0][to_device(self._rows(idx, valid), self.device)]
 
     def tokens(self, first: int, width: int):
         """(outputs [n, ...] at the n positions that predict a real token, valid [B, width] on
@@ -115,7 +117,7 @@ class PackedOutput:
         rows = self._rows(idx[valid], None)
         if len(rows) == self.output.shape[1] and bool((rows == torch.arange(len(rows))).all()):
             return self.output[0], valid  # exactly the kept outputs, in order: no copy
-        return self.output[0][rows.to(self.device)], valid
+        return self.output[0][to_device(rows, self.device)], valid
 
     def _rows(self, idx: torch.Tensor, valid: torch.Tensor | None) -> torch.Tensor:
         """Packed indices -> rows of self.output (which holds only the kept ones, if chosen)."""
@@ -159,7 +161,7 @@ def packed_rope(model, packing: Packing, device: torch.device):
 
         rope.forward = forward
         rope._tandem_packable = True
-    rope.tandem_positions = packing.positions.to(device)
+    rope.tandem_positions = to_device(packing.positions, device)
     rope.tandem_max_len = packing.max_seqlen
     try:
         yield
@@ -176,7 +178,7 @@ def selected_outputs(model, packing: Packing, device: torch.device):
     if packing.kept is None or not selects_outputs(model):
         yield
         return
-    kept = packing.kept.to(device)
+    kept = to_device(packing.kept, device)
     original, own = head.forward, "forward" in vars(head)
     sequence_parallel = head.sequence_parallel
 

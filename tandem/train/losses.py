@@ -44,7 +44,7 @@ def response_log_probs(output, mb: DataProto, temperature: float, with_entropy: 
     else:
         logits = response_slice(output, r).reshape(b * r, -1)
         valid, labels = None, responses.reshape(-1)
-    lp, ent = token_stats(logits, labels.to(logits.device), temperature, with_entropy, entropy_grad)
+    lp, ent = token_stats(logits, device.to_device(labels, logits.device), temperature, with_entropy, entropy_grad)
     return _layout(lp, valid, b, r), None if ent is None else _layout(ent, valid, b, r)
 
 
@@ -52,7 +52,7 @@ def _layout(values: torch.Tensor, valid: torch.Tensor | None, b: int, r: int) ->
     """[n] per-token values -> [B, R], zeros where `valid` is False."""
     if valid is None:
         return values.reshape(b, r)
-    where = valid.reshape(-1).nonzero().squeeze(1).to(values.device)  # found on the CPU: no sync
+    where = device.to_device(valid.reshape(-1).nonzero().squeeze(1), values.device)  # found on the CPU: no sync
     return values.new_zeros(b * r).index_copy(0, where, values).view(b, r)
 
 
@@ -60,21 +60,21 @@ def _layout(values: torch.Tensor, valid: torch.Tensor | None, b: int, r: int) ->
 def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float):
     """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics)."""
     dev = device.device()
-    mask = mb["response_mask"].to(dev).float()
+    mask = device.to_device(mb["response_mask"], dev).float()
     # with no entropy bonus the entropy is only a metric: keep its [n, V] graph out of backward
     log_prob, entropy = response_log_probs(output, mb, temperature, with_entropy=True,
                                            entropy_grad=cfg.entropy_coeff != 0)
-    old_log_prob = mb["old_log_probs"].to(dev)
+    old_log_prob = device.to_device(mb["old_log_probs"], dev)
     is_weights, tis_metrics = None, {}
     if cfg.tis_imp_ratio_cap > 0:  # truncated IS: correct for rollout-engine vs trainer log-prob mismatch
-        rollout_log_prob = mb["rollout_log_probs"].to(dev)
+        rollout_log_prob = device.to_device(mb["rollout_log_probs"], dev)
         is_weights = algo_losses.compute_truncated_is_weights(old_log_prob, rollout_log_prob, mask,
                                                               cfg.tis_imp_ratio_cap)
         over = (old_log_prob - rollout_log_prob).exp() > cfg.tis_imp_ratio_cap
         tis_metrics = {M.ACTOR_TIS_IMP_RATIO_MEAN: aggregate.masked_mean(is_weights, mask),
                        M.ACTOR_TIS_CLIPFRAC: aggregate.masked_mean(over.float(), mask)}
     common = dict(old_log_prob=old_log_prob, log_prob=log_prob, is_weights=is_weights,
-                  advantages=mb["advantages"].to(dev), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode)
+                  advantages=device.to_device(mb["advantages"], dev), response_mask=mask, loss_agg_mode=cfg.loss_agg_mode)
     if cfg.policy_loss.loss_mode == "gspo":  # sequence-level ratio; clip bounds default to clip_ratio
         pg_loss, clipfrac, ppo_kl, clipfrac_lower = algo_losses.compute_gspo_policy_loss(
             clip_ratio_low=cfg.clip_ratio_low if cfg.clip_ratio_low is not None else cfg.clip_ratio,
@@ -89,30 +89,31 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
     metrics = {M.ACTOR_PG_LOSS: pg_loss, M.ACTOR_PG_CLIPFRAC: clipfrac, M.ACTOR_PPO_KL: ppo_kl,
                M.ACTOR_PG_CLIPFRAC_LOWER: clipfrac_lower, M.ACTOR_ENTROPY: entropy_mean, **tis_metrics}
     if cfg.use_kl_loss:
-        kl = algo_losses.kl_loss(log_prob, mb["ref_log_prob"].to(dev), mask,
+        kl = algo_losses.kl_loss(log_prob, device.to_device(mb["ref_log_prob"], dev), mask,
                                  cfg.kl_loss_type, cfg.loss_agg_mode)
         loss = loss + cfg.kl_loss_coef * kl
         metrics[M.ACTOR_KL_LOSS] = kl
-    return loss, loss_units(mask, cfg.loss_agg_mode), _floats(metrics)
+    return loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), _scalars(metrics)
 
 
-def _floats(metrics: dict) -> dict:
-    """Scalar tensors -> floats in one device-to-host copy (one sync, not one per metric)."""
-    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()]).tolist()
-    return dict(zip(metrics, values))
+def _scalars(metrics: dict) -> dict:
+    """Metric tensors -> detached fp32 scalars, left on the device: train_steps reads them all
+    back in one copy per call (a read here would wait for every micro-batch's forward)."""
+    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
+    return dict(zip(metrics, values.unbind()))
 
 
 def sft_loss(output: torch.Tensor, mb: DataProto):
     """Token-mean next-token cross-entropy over loss_mask [B, T] (1 = a token to predict)."""
     dev = output.device
-    input_ids = mb["input_ids"].to(dev)
-    loss_mask = mb["loss_mask"].to(dev).float()[:, 1:]
+    input_ids = device.to_device(mb["input_ids"], dev)
+    loss_mask = device.to_device(mb["loss_mask"], dev).float()[:, 1:]
     logits = take_positions(output, 0, output.shape[1] - 1)
     log_probs = log_probs_from_logits(logits, input_ids[:, 1:])
     nll = -aggregate.masked_mean(log_probs, loss_mask)
     correct = (gather_vocab(logits.detach()).argmax(-1) == input_ids[:, 1:]).float()
-    return nll, loss_units(loss_mask, "token-mean"), {
-        "sft/loss": nll.item(), "sft/token_acc": aggregate.masked_mean(correct, loss_mask).item()}
+    return nll, loss_units(mb["loss_mask"][:, 1:], "token-mean"), _scalars({
+        "sft/loss": nll, "sft/token_acc": aggregate.masked_mean(correct, loss_mask)})
 
 
 def values_of(output: torch.Tensor, mb: DataProto) -> torch.Tensor:
@@ -122,11 +123,12 @@ def values_of(output: torch.Tensor, mb: DataProto) -> torch.Tensor:
 
 def critic_loss(output: torch.Tensor, mb: DataProto, cfg: CriticConfig):
     dev = device.device()
-    mask = mb["response_mask"].to(dev).float()
+    mask = device.to_device(mb["response_mask"], dev).float()
     vpreds = values_of(output, mb)
     vf_loss, vf_clipfrac = algo_losses.compute_value_loss(
-        vpreds=vpreds, returns=mb["returns"].to(dev), values=mb["values"].to(dev),
+        vpreds=vpreds, returns=device.to_device(mb["returns"], dev), values=device.to_device(mb["values"], dev),
         response_mask=mask, cliprange_value=cfg.cliprange_value, loss_agg_mode=cfg.loss_agg_mode)
-    return vf_loss, loss_units(mask, cfg.loss_agg_mode), {M.CRITIC_VF_LOSS: vf_loss.item(), M.CRITIC_VF_CLIPFRAC: vf_clipfrac.item(),
-                     M.CRITIC_VPRED_MEAN: aggregate.masked_mean(vpreds, mask).item()}
+    return vf_loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), _scalars({
+        M.CRITIC_VF_LOSS: vf_loss, M.CRITIC_VF_CLIPFRAC: vf_clipfrac,
+        M.CRITIC_VPRED_MEAN: aggregate.masked_mean(vpreds, mask)})
 

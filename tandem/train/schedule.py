@@ -7,7 +7,8 @@ padded layout through tandem.models.packing.take_positions: `loss` is the micro-
 over its `units` (tokens or rows, per the loss_agg_mode). The schedule backpropagates
 loss x units; finalize_model_grads sums units over micro-batches and DP ranks and
 divides the gradients by it, so the mini-batch's gradient is exact at any split.
-Metrics come back weighted by units (sums), for the caller to normalise.
+Metrics come back weighted by units (sums), for the caller to normalise; scalar metrics
+may be device tensors (read back once, by the caller), so the schedule never waits for the GPU.
 """
 from __future__ import annotations
 
@@ -18,6 +19,11 @@ import torch
 from tandem.data.batch import DataProto
 from tandem.models.forward import sequence_split
 from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs, selects_outputs
+
+
+def is_scalar(v) -> bool:
+    """A metric value (a float, or a 0-dim tensor left on the device), not per-row outputs."""
+    return isinstance(v, float) or (isinstance(v, torch.Tensor) and v.dim() == 0)
 
 
 def reads_responses_only(loss_fn: Callable) -> Callable:
@@ -46,13 +52,15 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     def forward_step(data_iterator, model):
         mb, packing = next(data_iterator)
         with packed_rope(model, packing, dev), selected_outputs(model, packing, dev):
-            output = model(packing.pack(mb["input_ids"]).to(dev), None, None, packed_seq_params=packing.params(dev))
+            output = model(device.to_device(packing.pack(mb["input_ids"]), dev), None, None,
+                           packed_seq_params=packing.params(dev))
 
         def loss_func(output_tensor):
             loss, units, metrics = loss_fn(PackedOutput(output_tensor, packing), mb)
-            weighted = {k: (v * units if isinstance(v, float) else v) for k, v in metrics.items()}
+            weighted = {k: (v * units if is_scalar(v) else v) for k, v in metrics.items()}
             weighted["units"] = units
-            return loss * units, torch.tensor(units, dtype=torch.int, device=dev), weighted
+            # torch.full, not torch.tensor: a host-to-device copy would wait for the GPU
+            return loss * units, torch.full((), units, dtype=torch.int, device=dev), weighted
 
         return output, loss_func
 

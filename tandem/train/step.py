@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable
 
+import torch
+
 from tandem.data.batch import DataProto
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer
@@ -34,5 +36,12 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
                     weighted[k] += v / max(total_units, 1.0)
         lrs.append(optimizer.lr)
         grad_norms.append(optimizer.step())
-    return {"weighted": dict(weighted),
+    return {"weighted": host_floats(weighted),
             "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)}}
+
+
+def host_floats(metrics: dict) -> dict:
+    """Device scalar metrics -> floats, in one device-to-host copy."""
+    keys = [k for k, v in metrics.items() if isinstance(v, torch.Tensor)]
+    values = torch.stack([metrics[k].float().reshape(()) for k in keys]).tolist() if keys else []
+    return {**metrics, **dict(zip(keys, values))}

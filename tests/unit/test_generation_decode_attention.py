@@ -88,6 +88,34 @@ def test_kernel_matches_sdpa_and_writes_the_cache(kernel, groups, qpg, d, splits
         assert torch.equal(k_cache, k_want) and torch.equal(v_cache, v_want)
 
 
+@pytest.mark.parametrize("groups,qpg,d,rot,bias", [(2, 7, 64, 64, True), (2, 6, 128, 128, False),
+                                                  (3, 1, 16, 8, True)])  # the last: partial rotary
+@pytest.mark.parametrize("splits", [1, 3])
+def test_kernel_adds_the_bias_and_applies_rope_to_the_raw_qkv(kernel, groups, qpg, d, rot, bias, splits):
+    """q, k, v straight from the qkv GEMM: the kernel's bias + RoPE equal fused_step.rope_heads
+    (the compiled qkv_rope's math) followed by the plain kernel, cache writes included."""
+    from tandem.generation.fused_step import rope_heads
+
+    mod, dev = kernel
+    g = torch.Generator().manual_seed(d + rot)
+    slots, max_len, kv_len, b = 5, 96, 90, 4
+    pos = torch.tensor([0, 89, 37, 95]).to(dev)  # first key, last key, middle, dead slot past kv_len
+    raw = torch.randn(b, groups * (qpg + 2) * d, generator=g).to(dev)
+    b_qkv = torch.randn(groups * (qpg + 2) * d, generator=g).to(dev) if bias else None
+    angles = torch.rand(b, rot // 2, generator=g).to(dev) * 6.0
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    k_cache, v_cache = (torch.randn(slots, groups, max_len, d, generator=g).to(dev) for _ in range(2))
+    q, k, v = rope_heads(raw if b_qkv is None else raw + b_qkv, None, None, cos, sin, None, groups, qpg, d)
+    want, k_want, v_want = reference(q, k, v, k_cache, v_cache, pos, kv_len, d ** -0.5)
+    heads = raw.view(b, groups, qpg + 2, d)
+    out = mod.decode_attention(heads[:, :, :qpg], heads[:, :, qpg], heads[:, :, qpg + 1], k_cache, v_cache, pos,
+                               kv_len, d ** -0.5, bias=None if b_qkv is None else b_qkv.view(groups, qpg + 2, d),
+                               cos=cos, sin=sin, splits=splits, block_n=16 if dev == "cpu" else None)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    torch.testing.assert_close(k_cache, k_want, atol=1e-6, rtol=0)
+    torch.testing.assert_close(v_cache, v_want, atol=1e-6, rtol=0)
+
+
 def test_the_context_is_split_only_when_the_grid_is_small():
     pytest.importorskip("triton")
     from tandem.generation.decode_attention import MIN_CHUNK, num_splits
