@@ -68,9 +68,9 @@ class ActorWorker:
         @reads_responses_only
         def loss_fn(output, mb):
             lp, ent = losses.response_log_probs(output, mb, temperature, with_entropy=entropy)
-            out = {"log_probs": lp.float().cpu()}
+            out = {"log_probs": lp.float()}  # left on the device: read back once per shard
             if entropy:
-                out["entropys"] = ent.float().cpu()
+                out["entropys"] = ent.float()
             return output.new_zeros(()), 0, out
 
         results = []
@@ -79,7 +79,7 @@ class ActorWorker:
                 results.append(None)
                 continue
             outs = run_schedule(model, micro_batches(shard, micro_rows), loss_fn, forward_only=True)
-            results.append(DataProto(tensors={k: torch.cat([o[k] for o in outs]) for k in outs[0]
+            results.append(DataProto(tensors={k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]
                                               if k != "units"}) if outs else None)
         return results
 

@@ -46,13 +46,13 @@ class CriticWorker:
         self.ddp.eval()
 
         def loss_fn(output, mb):
-            return output.new_zeros(()), 0, {"values": losses.values_of(output, mb).cpu()}
+            return output.new_zeros(()), 0, {"values": losses.values_of(output, mb)}  # read back once per shard
 
         out = []
         for shard in shards:
             parts = run_schedule(self.ddp, micro_batches(shard, micro_rows), loss_fn,
                                  forward_only=True) if shard is not None else []
-            out.append(DataProto(tensors={"values": torch.cat([p["values"] for p in parts])})
+            out.append(DataProto(tensors={"values": torch.cat([p["values"] for p in parts]).cpu()})
                        if parts else None)
         return out
 
