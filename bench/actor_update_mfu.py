@@ -60,7 +60,9 @@ def matmul_rate() -> float:
     return 2 * 8192 ** 3 * n / (time.perf_counter() - t0)
 
 
-def build(name: str):
+def build(name: str, compiled: bool = True):
+    """The shape's model, DDP and optimizer; transformer layers torch.compile'd when `compiled`
+    (the service's default on GPUs, actor.use_torch_compile)."""
     from tandem.config import OptimConfig
     from tandem.models.build import build_gpt_model
     from tandem.models.spec import ModelShape
@@ -70,6 +72,9 @@ def build(name: str):
     shape = ModelShape(vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1e6,
                        attention_bias=True, tie_word_embeddings=True, **s)
     model = build_gpt_model(shape, params_dtype=torch.bfloat16)
+    if compiled:
+        from tandem.models.compile import compile_layers
+        compile_layers(model)
     ddp = wrap_ddp(model)
     return shape, model, ddp, Optimizer(ddp, OptimConfig(lr=1e-7, clip_grad=1.0))
 
@@ -157,10 +162,7 @@ def run_shape(name: str, steps: int, peak: float, variant: str, micros: list[int
 
     model_build.FUSE_ON_GPU = variant != "unfused"
     torch.cuda.empty_cache()  # the previous variant's model is gone
-    shape, model, ddp, opt = build(name)
-    if variant != "eager":  # the service's default on GPUs (actor.use_torch_compile)
-        from tandem.models.compile import compile_layers
-        compile_layers(model)
+    shape, model, ddp, opt = build(name, compiled=variant != "eager")
     rows = SHAPES[name]["batch"]
     out = []
     for micro in micros:

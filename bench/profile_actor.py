@@ -67,10 +67,7 @@ def main() -> None:
 
     init_distributed(ParallelConfig(), 0, 1, f"file://{os.path.join(tempfile.mkdtemp(), 'rdzv')}", seed=1)
     print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'padded SDPA'}")
-    shape, model, ddp, opt = mfu.build(a.shape)
-    if not a.eager:
-        from tandem.models.compile import compile_layers
-        compile_layers(model)
+    shape, model, ddp, opt = mfu.build(a.shape, compiled=not a.eager)
     batch = mfu.actor_batch(mfu.SHAPES[a.shape]["batch"])[0]
     rows = len(batch)
     step = mfu.actor_step_fn(ddp, opt, batch, rows) if a.path == "actor" else mfu.plain_step_fn(ddp, opt, rows)

@@ -273,29 +273,40 @@ class ModelRunner:
     def _mask(self, pos, kv_len) -> torch.Tensor:
         return (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]
 
-    def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len, raw=None) -> torch.Tensor:
+    def _run_kernel(self, layer_idx, q, k, v, pos, kv_len, **rope) -> torch.Tensor | None:
+        """decode_attention.py's kernel (it writes k and v itself), or None once it has failed
+        (it is then dropped for good and the runner uses SDPA)."""
+        try:
+            return self.kernel(q, k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], pos, kv_len,
+                               self.scale, **rope)
+        except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop generation
+            log.warning("triton decode attention failed, using SDPA: %s", e)
+            self.kernel, self.decode_attention = None, "sdpa"
+            return None
+
+    def _attend_raw(self, layer_idx, qkv, bias, cos, sin, pos, allowed, kv_len) -> torch.Tensor:
+        """_attend for the qkv GEMM's output [b, groups * (qpg + 2) * d] before bias and RoPE:
+        the kernel applies both; without it, torch does (fused_step.rope_heads)."""
+        b, g, d = qkv.shape[0], self.groups, self.head_dim
+        qpg = self.heads // g
+        heads = qkv.view(b, g, qpg + 2, d)
+        if self.kernel is not None:
+            out = self._run_kernel(layer_idx, heads[:, :, :qpg], heads[:, :, qpg], heads[:, :, qpg + 1], pos, kv_len,
+                               bias=None if bias is None else bias.view(g, qpg + 2, d), cos=cos, sin=sin)
+            if out is not None:
+                return out
+        q, k, v = rope_heads(qkv if bias is None else qkv + bias, None, None, cos, sin, None, g, qpg, d)
+        return self._attend(layer_idx, q, k, v, pos, allowed, kv_len)
+
+    def _attend(self, layer_idx, q, k, v, pos, allowed, kv_len) -> torch.Tensor:
         """Write k, v [b, groups, d] at each slot's position, attend q [b, groups, qpg, d]
         (a group's query heads are the query "sequence" of its KV head) over the first
-        kv_len cache positions -> [b, groups, qpg, d]. raw = (qkv bias or None, cos, sin):
-        q, k, v are the qkv GEMM's output before bias and RoPE (the Triton kernel's path)."""
+        kv_len cache positions -> [b, groups, qpg, d]."""
         b = q.shape[0]
-        if self.kernel is not None:  # writes k and v itself (decode_attention.py)
-            rope = {}
-            if raw is not None:
-                bias, cos, sin = raw
-                rope = dict(bias=None if bias is None else bias.view(q.shape[1], q.shape[2] + 2, q.shape[3]),
-                            cos=cos, sin=sin)
-            try:
-                return self.kernel(q, k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], pos, kv_len,
-                                   self.scale, **rope)
-            except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop generation
-                log.warning("triton decode attention failed, using SDPA: %s", e)
-                self.kernel, self.decode_attention = None, "sdpa"
-        if raw is not None:  # the kernel was dropped: bias and RoPE in torch
-            bias, cos, sin = raw
-            groups, qpg, d = q.shape[1], q.shape[2], q.shape[3]
-            qkv = torch.cat([q, k[:, :, None], v[:, :, None]], dim=2).reshape(b, -1)
-            q, k, v = rope_heads(qkv if bias is None else qkv + bias, None, None, cos, sin, None, groups, qpg, d)
+        if self.kernel is not None:
+            out = self._run_kernel(layer_idx, q, k, v, pos, kv_len)
+            if out is not None:
+                return out
         if allowed is None:  # the kernel was dropped during this step
             allowed = self._mask(pos, kv_len)
         self.cache.write_decode(layer_idx, b, pos, k, v)
@@ -315,9 +326,7 @@ class ModelRunner:
         qpg, d = self.heads // self.groups, self.head_dim
         for i, lw in enumerate(w.layers):
             if self.kernel is not None and lw.q_norm is None:  # bias and RoPE inside the attention kernel
-                heads = F.linear(x, lw.qkv_w).view(x.shape[0], self.groups, qpg + 2, d)
-                out = self._attend(i, heads[:, :, :qpg], heads[:, :, qpg], heads[:, :, qpg + 1], pos, allowed,
-                                   kv_len, raw=(lw.qkv_b, cos, sin))
+                out = self._attend_raw(i, F.linear(x, lw.qkv_w), lw.qkv_b, cos, sin, pos, allowed, kv_len)
             else:
                 q, k, v = f.qkv_rope(x, lw.qkv_w, lw.qkv_b, lw.q_norm, lw.k_norm, cos, sin, w.eps,
                                      self.groups, qpg, d)

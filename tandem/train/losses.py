@@ -99,8 +99,7 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
 def _scalars(metrics: dict) -> dict:
     """Metric tensors -> detached fp32 scalars, left on the device: train_steps reads them all
     back in one copy per call (a read here would wait for every micro-batch's forward)."""
-    values = torch.stack([v.detach().float().reshape(()) for v in metrics.values()])
-    return dict(zip(metrics, values.unbind()))
+    return {k: v.detach().float().reshape(()) for k, v in metrics.items()}
 
 
 def sft_loss(output: torch.Tensor, mb: DataProto):
