@@ -91,9 +91,8 @@ def make_batch(vocab: int, pad: int, rows: int, seed: int):
 
 def build_moe(path: str) -> str:
     """bench/moe_ep.py's Qwen3-MoE shape, random, saved with transformers (nothing downloaded)."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     from moe_ep import CONFIG
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
     Qwen3MoeForCausalLM(Qwen3MoeConfig(**dict(CONFIG, max_position_embeddings=2 * (PROMPT + RESPONSE)))
@@ -107,10 +106,10 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
     from transformers import AutoTokenizer
 
     from services.actor.front import ActorFront
-    from tandem.dist import device
     from services.actor.worker import ActorWorker
-    from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.rank_group import RankGroup
+    from tandem.parallel import device
+    from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.serving.rank_group import RankGroup
 
     os.environ["LOCAL_RANK"] = str(rank)
     tokenizer = AutoTokenizer.from_pretrained(tok)

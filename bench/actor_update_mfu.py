@@ -198,7 +198,7 @@ def main() -> None:
     p.add_argument("--micro-batches", default="1",
                    help="comma list: micro-batches per optimizer step (one row each in the table)")
     args = p.parse_args()
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     micros = [int(m) for m in args.micro_batches.split(",")]
     rdzv = os.path.join(tempfile.mkdtemp(), "rdzv")

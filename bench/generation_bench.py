@@ -41,8 +41,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tandem.dist import device  # noqa: E402
 from tandem.models.spec import ModelShape  # noqa: E402
+from tandem.parallel import device  # noqa: E402
 
 SHAPES = {
     # Qwen2.5-0.5B / 1.5B config.json
@@ -369,7 +369,7 @@ def main():
     if args.tiny:
         args.shapes, args.batches, args.prompt, args.new, args.hf_new = "tiny", "4,8", 16, 16, 8
 
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -81,9 +81,9 @@ def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str) ->
     from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_export import export_hf
     from tandem.convert.hf_load import load_hf_weights
-    from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.models.build import build_gpt_model
     from tandem.models.forward import forward_logits
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     if not torch.cuda.is_available():
         torch.set_num_threads(1)

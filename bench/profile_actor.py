@@ -60,8 +60,8 @@ def main() -> None:
     a = p.parse_args()
     import actor_update_mfu as mfu
 
-    from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.models import attention, build
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     build.FUSE_ON_GPU = not a.unfused
 

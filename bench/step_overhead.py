@@ -110,9 +110,9 @@ def build_inproc(cfg, tokenizer, on_loop: bool = False) -> Roles:
     on_loop=True calls them on the event loop's thread instead."""
     from services.actor.front import ActorFront
     from services.reward.worker import RewardWorker
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
     from tandem.rollout.worker import RolloutWorker
-    from tandem.rpc.worker_thread import WorkerThread
+    from tandem.serving.worker_thread import WorkerThread
 
     torch.set_num_threads(max(1, cfg.services.actor.torch_threads))  # as the actor service
     rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-bench-"), "rdzv")

@@ -3,7 +3,7 @@
     python bench/weight_sync.py [--shapes 0.5b,1.5b] [--reps 5]
 
 Two ranks (one GPU each, NCCL; gloo on CPU with TANDEM_BENCH_TINY=1) build a Qwen2.5-shaped
-policy in bf16 at TP=2 and run tandem.dist.reshard.tp1_weights: TP shards all-gathered and
+policy in bf16 at TP=2 and run tandem.convert.reshard.tp1_weights: TP shards all-gathered and
 re-laid out (qkv groups, [gate; up]) into full TP=1 tensors on each GPU, both ways in the same
 run: "bucketed" (the default: one all-gather per bucket of up to BUCKET_BYTES, then views)
 and "per-parameter" (bucket_bytes=0, the former path: one all-gather per parameter). Printed
@@ -37,7 +37,7 @@ if TINY:  # CPU smoke run
 
 
 def timed(fn, reps: int) -> float:
-    from tandem.dist import device
+    from tandem.parallel import device
 
     fn()
     device.synchronize()
@@ -51,11 +51,11 @@ def timed(fn, reps: int) -> float:
 
 def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
     os.environ["LOCAL_RANK"] = str(rank)
-    from tandem.dist import device
-    from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.reshard import BUCKET_BYTES, tp1_weights
+    from tandem.convert.reshard import BUCKET_BYTES, tp1_weights
     from tandem.models.build import build_gpt_model
     from tandem.models.spec import ModelShape
+    from tandem.parallel import device
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=2), rank, 2, f"file://{rdzv}", seed=1)
     dtype = torch.float32 if TINY else torch.bfloat16

@@ -4,8 +4,17 @@ from __future__ import annotations
 from tandem.data import codec
 from tandem.data.batch import DataProto
 from tandem.rpc.client import ServiceClient
-from tandem.v1 import (actor_pb2, actor_pb2_grpc, common_pb2, critic_pb2, critic_pb2_grpc,
-                       reward_pb2, reward_pb2_grpc, rollout_pb2, rollout_pb2_grpc)
+from tandem.v1 import (
+    actor_pb2,
+    actor_pb2_grpc,
+    common_pb2,
+    critic_pb2,
+    critic_pb2_grpc,
+    reward_pb2,
+    reward_pb2_grpc,
+    rollout_pb2,
+    rollout_pb2_grpc,
+)
 
 
 class ActorClient(ServiceClient):

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.algos import advantages as adv_algos, dapo as dapo_algos, kl as kl_algos, metrics as M
+from tandem.algos import advantages as adv_algos
+from tandem.algos import dapo as dapo_algos
+from tandem.algos import kl as kl_algos
+from tandem.algos import metrics as M
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 

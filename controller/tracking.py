@@ -111,7 +111,9 @@ class Tracking:
         self._jsonl = open(os.path.join(run_dir, METRICS_FILE), "a", encoding="utf-8") if "jsonl" in loggers else None
         self._tb = None
         if "tensorboard" in loggers:
-            from torch.utils.tensorboard import SummaryWriter  # heavy import: only when asked for
+            from torch.utils.tensorboard import (
+                SummaryWriter,  # heavy import: only when asked for
+            )
 
             self._tb = SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR))
 

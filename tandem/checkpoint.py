@@ -26,7 +26,9 @@ def _write_without_fork() -> None:
     On 0.16, write the same buckets with the same function in this thread."""
     import queue
 
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync as W
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import (
+        FileSystemWriterAsync as W,
+    )
 
     if hasattr(W, "write_preloaded_data_multithread") or getattr(W, "_tandem_no_fork", False):
         return
@@ -82,7 +84,6 @@ def is_checkpoint(path: str) -> bool:
 def load_sharded(template: dict, path: str) -> dict:
     """All ranks: fill `template` (the same structure save_sharded got) from `path`."""
     from megatron.core import dist_checkpointing
-
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
     if not is_checkpoint(path):

@@ -9,15 +9,13 @@ from services.actor import hybrid
 from services.actor.front import ActorFront
 from services.actor.servicer import SERVICE, ActorServicer
 from services.actor.worker import ActorWorker
-from tandem.dist.parallel import ParallelConfig
-from tandem.dist.rank_group import RankGroup
 from tandem.models.shape_from_config import model_shape
-from tandem.rollout.front import RolloutFront
-from tandem.rollout.servicer import SERVICE as ROLLOUT_SERVICE
-from tandem.rollout.servicer import RolloutServicer
-from tandem.rpc.launch import init_service, load_tokenizer, parse_args
-from tandem.rpc.server import run_server, serve
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.parallel.layout import ParallelConfig
+from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
+from tandem.serving.rank_group import RankGroup
+from tandem.serving.rollout_front import RolloutFront
+from tandem.serving.rollout_servicer import SERVICE as ROLLOUT_SERVICE
+from tandem.serving.rollout_servicer import RolloutServicer
 
 
 def main(argv=None) -> None:
@@ -38,19 +36,15 @@ def main(argv=None) -> None:
             worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
             rollout.tensor_model_parallel_size)
     group = RankGroup(targets)
-    if not group.is_front:
-        group.follow()
-        return
-    thread = WorkerThread("actor")
-    servicers = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
-    if colocated:
-        servicers.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id), thread,
-                                                           allow_load_weights=False)))
-    try:
-        run_server(serve(servicers, role="actor", host=args.host, port=args.port, port_file=args.port_file))
-    finally:
-        thread.shutdown(wait=True)  # the running call finishes on every rank first
-        group.stop()
+
+    def servicers(thread):
+        out = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
+        if colocated:  # one thread for both: a generation never overlaps an update
+            out.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
+                                                         thread, allow_load_weights=False)))
+        return out
+
+    serve_group("actor", args, group, servicers)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def export(step_dir: str, out_dir: str) -> str:
 
     from services.actor.front import ActorFront
     from tandem.config import load_config
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(step_dir)))
     cfg = load_config(os.path.join(run_dir, "config.yaml"),

@@ -1,15 +1,13 @@
-"""The actor service's front door (rank 0): the ActorWorker API over the whole rank group.
+"""The actor service's API over its rank group (tandem/serving/front.py does the laying out).
 
-It lays each batch out over the data-parallel ranks (tandem/dist/dispatch.py), runs the
-method on every rank (tandem/dist/rank_group.py) and reassembles the results. It also
-keeps the service-level counters (weights version, update calls) that checkpoints carry.
+It also keeps the service-level counters (weights version, update calls) that checkpoints carry.
 """
 from __future__ import annotations
 
 from services.actor.worker import ActorWorker
 from tandem.data.batch import DataProto
-from tandem.dist.dispatch import check_lockstep, combine_train_metrics, gather_rows, layout, train_layout
-from tandem.dist.rank_group import RankGroup
+from tandem.serving.front import FrontDoor
+from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import loss_units
 
 
@@ -20,8 +18,7 @@ class ActorFront:
         self.cfg = local.cfg
         self.actor_cfg = local.actor_cfg
         self.vocab_size = local.vocab_size
-        self.dp = group.dp_size
-        self.lockstep = self.actor_cfg.megatron.expert_model_parallel_size > 1  # see check_lockstep
+        self.door = FrontDoor(group, "actor", lockstep=self.actor_cfg.megatron.expert_model_parallel_size > 1)
         self.weights_version = 0
         self.update_calls = 0
 
@@ -35,74 +32,62 @@ class ActorFront:
         n = int(batch.meta.get("rollout_n", self.cfg.actor_rollout_ref.rollout.n))
         return self.actor_cfg.ppo_mini_batch_size * n
 
-    def _log_probs(self, batch: DataProto, which: str, entropy: bool, rows_per_mini: int,
-                   micro_rows: int) -> DataProto:
-        lay = layout(batch, rows_per_mini, self.dp)
-        if self.lockstep:
-            check_lockstep(lay, micro_rows)
-        temperature = float(batch.meta.get("temperature", 1.0))
-        results = self.group.run("actor", "log_probs",
-                                 [(s, which, temperature, entropy, micro_rows) for s in lay.shards])
-        return gather_rows(lay, results, len(batch))
-
     def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False) -> DataProto:
         """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys').
 
         Same mini-batch / DP / micro-batch layout as the update, so the first on-policy
         mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
-        out = self._log_probs(batch, "policy", calculate_entropy, self._rows_per_mini(batch),
-                              self.actor_cfg.ppo_micro_batch_size_per_gpu)
+        micro = self.actor_cfg.ppo_micro_batch_size_per_gpu
+        out = self.door.map_rows("log_probs", batch, "policy", float(batch.meta.get("temperature", 1.0)),
+                                 calculate_entropy, micro, rows_per_mini=self._rows_per_mini(batch),
+                                 micro_rows=micro)
         tensors = {"old_log_probs": out["log_probs"]}
         if calculate_entropy:
             tensors["entropys"] = out["entropys"]
         return DataProto(tensors=tensors)
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        out = self._log_probs(batch, "ref", False, len(batch),
-                              self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)
+        micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        out = self.door.map_rows("log_probs", batch, "ref", float(batch.meta.get("temperature", 1.0)), False,
+                                 micro, rows_per_mini=len(batch), micro_rows=micro)
         return DataProto(tensors={"ref_log_prob": out["log_probs"]})
 
     def update_actor(self, batch: DataProto) -> dict[str, float]:
         a = self.actor_cfg
-        lay = train_layout(batch, self._rows_per_mini(batch), self.dp, epochs=a.ppo_epochs,
-                           shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
-                           units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
-        if self.lockstep:
-            check_lockstep(lay, a.ppo_micro_batch_size_per_gpu)
-        temperature = float(batch.meta.get("temperature", 1.0))
-        results = self.group.run("actor", "update", [(s, temperature) for s in lay.shards])
+        metrics = self.door.train(
+            "update", batch, float(batch.meta.get("temperature", 1.0)), rows_per_mini=self._rows_per_mini(batch),
+            micro_rows=a.ppo_micro_batch_size_per_gpu, epochs=a.ppo_epochs, shuffle=a.shuffle,
+            seed=self.cfg.trainer.seed + self.update_calls,
+            units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
         self.update_calls += 1
         self.weights_version += 1
-        return combine_train_metrics(results, len(lay.minis))
+        return metrics
 
     def train_sft(self, batch: DataProto) -> dict[str, float]:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""
-        lay = train_layout(batch, len(batch), self.dp, epochs=1, shuffle=False, seed=0,  # tokens predicted:
-                           units=lambda mini: loss_units(mini["loss_mask"][:, 1:], "token-mean"))
-        if self.lockstep:
-            check_lockstep(lay, self.actor_cfg.ppo_micro_batch_size_per_gpu)
-        results = self.group.run("actor", "train_sft", [(s,) for s in lay.shards])
+        metrics = self.door.train(  # loss units: the tokens predicted
+            "train_sft", batch, rows_per_mini=len(batch), micro_rows=self.actor_cfg.ppo_micro_batch_size_per_gpu,
+            units=lambda mini: loss_units(mini["loss_mask"][:, 1:], "token-mean"))
         self.weights_version += 1
-        return combine_train_metrics(results, 1)
+        return metrics
 
     def set_reference(self) -> None:
-        self.group.run_all("actor", "set_reference")
+        self.door.everywhere("set_reference")
 
     def export_weights(self):
         """Full weights in the TP=1, PP=1 layout (gathered over TP, EP and pipeline stages)."""
-        return self.group.run_all("actor", "export_weights")[0]
+        return self.door.everywhere("export_weights")
 
     def export_hf(self, out_dir: str) -> str:
         """The current policy as a Hugging Face directory (safetensors, config.json, tokenizer)."""
-        tokenizer = self.cfg.actor_rollout_ref.model.tokenizer_path
-        return self.group.run_all("actor", "export_hf", out_dir, tokenizer)[0]
+        return self.door.everywhere("export_hf", out_dir, self.cfg.actor_rollout_ref.model.tokenizer_path)
 
     def save(self, path: str) -> str:
-        meta = {"weights_version": self.weights_version, "update_calls": self.update_calls}
-        return self.group.run_all("actor", "save", path, meta)[0]
+        return self.door.everywhere("save", path, {"weights_version": self.weights_version,
+                                                   "update_calls": self.update_calls})
 
     def load(self, path: str) -> int:
-        meta = self.group.run_all("actor", "load", path)[0]
+        meta = self.door.everywhere("load", path)
         self.weights_version = int(meta["weights_version"])
         self.update_calls = int(meta["update_calls"])
         return self.weights_version

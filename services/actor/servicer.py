@@ -5,7 +5,7 @@ from services.actor.front import ActorFront
 from tandem import checkpoint
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2
 
 SERVICE = "tandem.v1.ActorService"

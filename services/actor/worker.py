@@ -2,7 +2,7 @@
 
 Plain Python, no gRPC. Every rank of the actor service holds one; the front door
 (services/actor/front.py) lays batches out over the DP ranks and calls the same method on
-every rank through tandem.dist.rank_group. Methods take this rank's shards of the
+every rank through tandem.serving.rank_group. Methods take this rank's shards of the
 mini-batches (None where it has no rows) and return per-shard results.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import OptimConfig, TandemConfig
 from tandem.data.batch import DataProto
-from tandem.dist import device
 from tandem.models.build import build_gpt_model
 from tandem.models.compile import compile_layers
 from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
+from tandem.parallel import device
 from tandem.train import losses
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer, wrap_ddp
@@ -127,7 +127,7 @@ class ActorWorker:
         if mcfg.tensor_model_parallel_size == 1 and ep == 1 and mcfg.pipeline_model_parallel_size == 1:
             weights = checkpoint.model_weights(self.policy)
         else:
-            from tandem.dist.reshard import tp1_weights
+            from tandem.convert.reshard import tp1_weights
 
             weights = tp1_weights(self.policy, self.shape)
         if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:

@@ -8,12 +8,10 @@ from __future__ import annotations
 from services.critic.front import CriticFront
 from services.critic.servicer import SERVICE, CriticServicer
 from services.critic.worker import CriticWorker
-from tandem.dist.parallel import ParallelConfig
-from tandem.dist.rank_group import RankGroup
 from tandem.models.shape_from_config import model_shape
-from tandem.rpc.launch import init_service, load_tokenizer, parse_args
-from tandem.rpc.server import run_server, serve
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.parallel.layout import ParallelConfig
+from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
+from tandem.serving.rank_group import RankGroup
 
 
 def main(argv=None) -> None:
@@ -27,16 +25,7 @@ def main(argv=None) -> None:
                  shape=model_shape(cfg.actor_rollout_ref.model, tokenizer_len))
     worker = CriticWorker(cfg, tokenizer_len)
     group = RankGroup({"critic": worker})
-    if not group.is_front:
-        group.follow()
-        return
-    thread = WorkerThread("critic")
-    try:
-        run_server(serve([(SERVICE, CriticServicer(CriticFront(group, worker), thread))], role="critic",
-                         host=args.host, port=args.port, port_file=args.port_file))
-    finally:
-        thread.shutdown(wait=True)  # the running call finishes on every rank first
-        group.stop()
+    serve_group("critic", args, group, lambda thread: [(SERVICE, CriticServicer(CriticFront(group, worker), thread))])
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from services.critic.front import CriticFront
 from tandem import checkpoint
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import common_pb2, critic_pb2
 
 SERVICE = "tandem.v1.CriticService"

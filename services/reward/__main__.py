@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from services.reward.servicer import SERVICE, RewardServicer
 from services.reward.worker import RewardWorker
-from tandem.rpc.launch import init_service, parse_args
 from tandem.rpc.server import run_server, serve
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.process import init_service, parse_args
+from tandem.serving.worker_thread import WorkerThread
 
 
 def main(argv=None) -> None:

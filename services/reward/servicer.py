@@ -5,7 +5,7 @@ from services.reward.worker import RewardWorker
 from tandem.data import codec
 from tandem.data.validate import check_rows, require_column
 from tandem.rpc.errors import InvalidArgument
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import reward_pb2
 
 SERVICE = "tandem.v1.RewardService"

@@ -6,16 +6,14 @@ With services.rollout.world_size > 1 the prompts are split over that many ranks 
 """
 from __future__ import annotations
 
-from tandem.dist import device
-from tandem.dist.rank_group import RankGroup
 from tandem.models.build import build_gpt_model
 from tandem.models.shape_from_config import model_shape
-from tandem.rollout.front import RolloutFront
-from tandem.rollout.servicer import SERVICE, RolloutServicer
+from tandem.parallel import device
 from tandem.rollout.worker import RolloutWorker
-from tandem.rpc.launch import init_service, load_tokenizer, parse_args
-from tandem.rpc.server import run_server, serve
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
+from tandem.serving.rank_group import RankGroup
+from tandem.serving.rollout_front import RolloutFront
+from tandem.serving.rollout_servicer import SERVICE, RolloutServicer
 
 
 def main(argv=None) -> None:
@@ -30,16 +28,8 @@ def main(argv=None) -> None:
     worker = RolloutWorker(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
                            vocab_size=model.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
     group = RankGroup({"rollout": worker})
-    if not group.is_front:
-        group.follow()
-        return
-    thread = WorkerThread("rollout")
-    try:
-        run_server(serve([(SERVICE, RolloutServicer(RolloutFront(group, model.vocab_size, tokenizer.pad_token_id), thread))],
-                         role="rollout", host=args.host, port=args.port, port_file=args.port_file))
-    finally:
-        thread.shutdown(wait=True)  # the running call finishes on every rank first
-        group.stop()
+    front = RolloutFront(group, model.vocab_size, tokenizer.pad_token_id)
+    serve_group("rollout", args, group, lambda thread: [(SERVICE, RolloutServicer(front, thread))])
 
 
 if __name__ == "__main__":

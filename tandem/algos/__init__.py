@@ -22,8 +22,15 @@ from tandem.algos.advantages import (
     get_adv_estimator,
     register_adv_estimator,
 )
+from tandem.algos.aggregate import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 from tandem.algos.dapo import compute_overlong_penalty, varied_group_mask
-from tandem.algos.aggregate import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
 from tandem.algos.kl import (
     KL_PENALTY_TYPES,
     AdaptiveKLController,

@@ -18,8 +18,8 @@ import torch
 
 from tandem.convert.hf_config import hf_config_from_shape
 from tandem.convert.mapping import Direct, expand_mappings
-from tandem.dist.reshard import gather_shards
 from tandem.convert.moe_mapping import expert_ranks
+from tandem.convert.reshard import gather_shards
 
 
 def _default_tp_group():

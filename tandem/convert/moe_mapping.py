@@ -13,7 +13,14 @@ are split over the expert-tensor-parallel group (group="etp"), the router is rep
 """
 from __future__ import annotations
 
-from tandem.convert.mapping import LAYER, Direct, GatedMLP, Mapping, _expand, llama_family_mappings
+from tandem.convert.mapping import (
+    LAYER,
+    Direct,
+    GatedMLP,
+    Mapping,
+    _expand,
+    llama_family_mappings,
+)
 
 
 def _is_dense_mlp(m: Mapping) -> bool:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.dist import device
 from tandem.generation.runner import ModelRunner, Request
 from tandem.generation.sampling import SamplingParams
 from tandem.generation.scheduler import Scheduler
+from tandem.parallel import device
 
 
 @dataclass

@@ -340,7 +340,9 @@ class ModelRunner:
 
     def _trunk(self, ids: torch.Tensor, freqs: torch.Tensor, attend) -> torch.Tensor:
         """ids [b, s] -> final hidden states [s, b, H], before the final layernorm."""
-        from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+        from megatron.core.models.common.embeddings.rope_utils import (
+            apply_rotary_pos_emb,
+        )
 
         h = self.model.embedding(input_ids=ids, position_ids=None)  # [s, b, H]
         for i, layer in enumerate(self.layers):

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from tandem.dist import device
 from tandem.models.spec import ModelShape, transformer_config
-
+from tandem.parallel import device
 
 # megatron's compiled SwiGLU / bias-dropout-add fusions on GPUs (bench/actor_update_mfu.py
 # turns them off to measure what they bring)
@@ -50,7 +49,10 @@ def layer_spec(moe: bool = False, qk_layernorm: bool = False):
 def block_spec(config, shape: ModelShape, pp_rank: int | None = None):
     """This pipeline stage's layers (dense or MoE per global layer index) plus the final norm.
     pp_rank: the stage (default: this rank's; a replica is stage 0 of 1)."""
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
     from tandem.models.norm import RMSNorm

@@ -45,7 +45,9 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
         return -(logp.exp() * logp).sum(-1)
     # forward: sum over TP ranks; backward: identity (every rank holds the same loss;
     # torch.distributed.nn's all_reduce would sum the gradient again, x tp)
-    from megatron.core.tensor_parallel import reduce_from_tensor_model_parallel_region as all_reduce
+    from megatron.core.tensor_parallel import (
+        reduce_from_tensor_model_parallel_region as all_reduce,
+    )
 
     group = _tp_group()
     z_max = z.detach().amax(-1, keepdim=True)

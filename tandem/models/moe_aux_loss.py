@@ -33,7 +33,7 @@ import torch
 
 from tandem.config import router_aux_loss_coeff
 from tandem.data.batch import DataProto
-from tandem.dist import device
+from tandem.parallel import device
 from tandem.train.microbatch import micro_batches
 
 
@@ -96,7 +96,7 @@ class RouterLoadBalancing:
         for mini in minis:
             if "tokens" not in mini.meta:
                 raise KeyError("router load-balancing loss: mini-batch meta has no 'tokens' "
-                               "(tandem.dist.dispatch.train_layout sets it)")
+                               "(tandem.serving.dispatch.train_layout sets it)")
         self._plan = [_MicroBatch(float(mini.meta["loss_units"]), float(mini.meta["tokens"]),
                                   int(mb["attention_mask"].sum()))
                       for mini in minis for mb in micro_batches(mini, micro_rows)]
@@ -125,7 +125,9 @@ class RouterLoadBalancing:
     def _after_router(self, router, args, output):
         if not (self._active and router.training and torch.is_grad_enabled()):
             return None
-        from megatron.core.transformer.moe.moe_utils import switch_load_balancing_loss_func
+        from megatron.core.transformer.moe.moe_utils import (
+            switch_load_balancing_loss_func,
+        )
 
         mb = self._plan[self._index]
         probs, routing_map = output

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 import torch
 from megatron.core.utils import unwrap_model
 
-from tandem.dist.device import to_device
+from tandem.parallel.device import to_device
 
 
 class Packing:
@@ -184,7 +184,9 @@ def selected_outputs(model, packing: Packing, device: torch.device):
 
     def forward(hidden, *args, **kwargs):  # hidden [S, 1, H] (under SP: this rank's S/tp)
         if sequence_parallel:
-            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+            from megatron.core.tensor_parallel import (
+                gather_from_sequence_parallel_region,
+            )
 
             # the head then all-reduces its input gradient itself; the gather's backward only splits
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)

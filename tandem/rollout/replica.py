@@ -5,7 +5,7 @@ Every rank of the actor holds a TP=1 copy of the policy (a megatron GPTModel on 
 process groups, tandem/models/build.py `replica=True`) and generates its own share of the
 prompts, so decode runs without a TP all-reduce per layer, in CUDA graphs and on the fused
 step. Before each generation the training shards are gathered into the TP=1 layout
-(tandem/dist/reshard.py `tp1_weights`, collective over the TP group) and copied into the
+(tandem/convert/reshard.py `tp1_weights`, collective over the TP group) and copied into the
 copy's parameters in place (the engine's CUDA graphs keep pointing at them). Costs one full
 copy of the weights per rank.
 """
@@ -44,7 +44,7 @@ class ReplicaRollout:
     @torch.no_grad()
     def sync(self) -> None:
         """The policy's current weights into the TP=1 copy (collective over the actor's TP group)."""
-        from tandem.dist.reshard import tp1_weights
+        from tandem.convert.reshard import tp1_weights
 
         self.syncs += 1
         self.worker.load_weights(tp1_weights(self.actor.policy, self.actor.shape), self.syncs)

@@ -10,10 +10,10 @@ import torch
 
 from tandem import checkpoint
 from tandem.data.batch import DataProto
-from tandem.dist import device
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.sampling import SamplingParams
 from tandem.models.norm import sequence_parallel_off
+from tandem.parallel import device
 
 
 class RolloutWorker:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import torch
 
-from tandem.algos import aggregate, losses as algo_losses
+from tandem.algos import aggregate
+from tandem.algos import losses as algo_losses
 from tandem.algos import metrics as M
 from tandem.config import ActorConfig, CriticConfig
 from tandem.data.batch import DataProto
-from tandem.dist import device
 from tandem.models.forward import response_slice
 from tandem.models.logprobs import gather_vocab, log_probs_from_logits, token_stats
 from tandem.models.packing import PackedOutput, take_positions
+from tandem.parallel import device
 from tandem.train.schedule import reads_responses_only
 
 

@@ -16,10 +16,13 @@ from tandem.train import foreach_fallbacks
 
 def wrap_ddp(model, use_distributed_optimizer: bool = False):
     """megatron DDP around a GPTModel whose config already sets calculate_per_token_loss."""
-    from megatron.core.distributed import (DistributedDataParallel, DistributedDataParallelConfig,
-                                           finalize_model_grads)
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
 
-    from tandem.dist import device
+    from tandem.parallel import device
 
     if use_distributed_optimizer and not device.has_cuda():
         raise ValueError("megatron.use_distributed_optimizer: megatron-core's distributed optimizer "

@@ -18,7 +18,13 @@ import torch
 
 from tandem.data.batch import DataProto
 from tandem.models.forward import sequence_split
-from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs, selects_outputs
+from tandem.models.packing import (
+    PackedOutput,
+    Packing,
+    packed_rope,
+    selected_outputs,
+    selects_outputs,
+)
 
 
 def is_scalar(v) -> bool:
@@ -39,7 +45,7 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     ({"units": n, metric: value x n, ...}); empty on other stages."""
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    from tandem.dist import device
+    from tandem.parallel import device
 
     dev = device.device()
 

@@ -1,7 +1,7 @@
 """Optimizer steps over this rank's shards of mini-batches (one step each).
 
 Every rank of a DP group gets its shard of the same global mini-batches, in order
-(tandem/dist/dispatch.py); gradients are summed over micro-batches and DP ranks and
+(tandem/serving/dispatch.py); gradients are summed over micro-batches and DP ranks and
 divided by the mini-batch's loss units (tandem/train/schedule.py), so the update is the
 same at any TP / DP / micro-batch split.
 """

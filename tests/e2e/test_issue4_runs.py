@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 
-
 SMALL = ["trainer.sft.batch_size=8", "trainer.total_training_steps=2", "data.train_batch_size=4",
          "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "services.actor.torch_threads=1", "trainer.logger=[jsonl]"]

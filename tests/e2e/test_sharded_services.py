@@ -52,7 +52,7 @@ def test_actor_tp2_sp_colocated(tmp_path):
 
 def test_ppo_actor_tp2_standalone_rollout_dp2(tmp_path):
     """The actor at TP=2 syncs its weights to a standalone rollout of 2 DP ranks at TP=1 after
-    every update (gathered to the TP=1 layout, tandem/dist/reshard.py); the critic runs at DP=2."""
+    every update (gathered to the TP=1 layout, tandem/convert/reshard.py); the critic runs at DP=2."""
     pids, steps, _ = finished(tmp_path, "tp2_standalone", [
         "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone",
         "services.actor.world_size=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",

@@ -58,8 +58,8 @@ def main() -> int:
     from services.actor.front import ActorFront
     from services.actor.worker import ActorWorker
     from tandem.config import load_config
-    from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.rank_group import RankGroup
+    from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.serving.rank_group import RankGroup
 
     overrides = [
         f"actor_rollout_ref.model.tokenizer_path={tok}", "actor_rollout_ref.model.init_std=0.1",

@@ -22,14 +22,14 @@ def main() -> int:
     from services.actor.worker import ActorWorker
     from tandem.config import load_config
     from tandem.data.batch import DataProto
-    from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.rank_group import RankGroup
     from tandem.generation.engine import left_pad
     from tandem.generation.sampling import SamplingParams
     from tandem.models.build import build_gpt_model
-    from tandem.rollout.front import RolloutFront
+    from tandem.parallel.layout import ParallelConfig, init_distributed
     from tandem.rollout.replica import ReplicaRollout
     from tandem.rollout.worker import RolloutWorker
+    from tandem.serving.rank_group import RankGroup
+    from tandem.serving.rollout_front import RolloutFront
 
     tp, pp = (2, 1) if layout == "tp2" else (1, 2)
     cfg = load_config(None, [

@@ -17,16 +17,15 @@ import torch
 def main() -> int:
     rank, tp, ep = (int(a) for a in sys.argv[1:4])
     rdzv, hf_dirs = sys.argv[4], sys.argv[5:]
-    from safetensors.torch import load_file
-
     from megatron.core import parallel_state as ps
+    from safetensors.torch import load_file
 
     from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_load import load_hf_weights
     from tandem.convert.mapping import expand_mappings
-    from tandem.dist.parallel import ParallelConfig, init_distributed
-    from tandem.dist.reshard import tp1_weights
+    from tandem.convert.reshard import tp1_weights
     from tandem.models.build import build_gpt_model
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{rdzv}", seed=1)
     for hf_dir in hf_dirs:

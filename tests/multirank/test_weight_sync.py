@@ -1,4 +1,4 @@
-"""The TP=1 weight sync (tandem/dist/reshard.py) over 2 gloo ranks: bucketed all-gathers give
+"""The TP=1 weight sync (tandem/convert/reshard.py) over 2 gloo ranks: bucketed all-gathers give
 bit-identical tensors to the per-parameter path and to the checkpoint itself, for Llama
 (untied head), Qwen2 (qkv bias, tied embeddings) and Qwen3-MoE at TP=2, and Qwen3-MoE at EP=2
 (every expert under its global index)."""

@@ -14,7 +14,7 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def megatron_dist():
     """A 1-rank gloo process group + megatron parallel_state, once per test process."""
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     if not torch.distributed.is_initialized():
         init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{_free_port()}", seed=1)

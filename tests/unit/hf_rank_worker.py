@@ -26,10 +26,10 @@ def main() -> int:
     from tandem.convert.hf_config import architecture_of, shape_from_hf_config
     from tandem.convert.hf_export import export_hf
     from tandem.convert.hf_load import load_hf_weights
-    from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.models.build import build_gpt_model
     from tandem.models.forward import forward_logits
     from tandem.models.logprobs import gather_vocab
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{init_file}", seed=1)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()

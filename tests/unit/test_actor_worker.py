@@ -91,8 +91,8 @@ def test_two_minibatches_second_is_off_policy(megatron_dist, arithmetic_tokenize
 
 
 def test_sft_reduces_loss_on_repeated_batch(worker, arithmetic_tokenizer):
-    from controller.sft import sft_batch
     from controller.data import Example
+    from controller.sft import sft_batch
 
     tok = arithmetic_tokenizer
     examples = [Example([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"], t,

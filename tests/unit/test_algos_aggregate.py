@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from tandem.algos import metrics
-from tandem.algos.aggregate import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
+from tandem.algos.aggregate import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
 
 # The running example: 2 rows x 3 tokens; row 0 has 2 real tokens, row 1 has 1.
 VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], dtype=torch.float64)

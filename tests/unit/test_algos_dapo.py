@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from tandem.algos.dapo import compute_overlong_penalty, varied_group_mask
-from tandem.algos.losses import compute_gspo_policy_loss, compute_policy_loss, compute_truncated_is_weights
+from tandem.algos.losses import (
+    compute_gspo_policy_loss,
+    compute_policy_loss,
+    compute_truncated_is_weights,
+)
 
 
 def test_overlong_penalty_by_hand():

@@ -9,10 +9,10 @@ import torch
 from structlog.testing import capture_logs
 
 from controller.dapo import collect_varied_groups
-from tandem.rollout.outputs import concat_generations
 from controller.data import Cursor, collate, load_examples
 from tandem.config import load_config
 from tandem.data.batch import DataProto
+from tandem.rollout.outputs import concat_generations
 from tandem.tasks.arithmetic import build_tokenizer
 
 TEMPLATE = "{% for m in messages %}{{ m['content'] }}={% endfor %}"

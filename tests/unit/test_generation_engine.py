@@ -5,7 +5,12 @@ import pytest
 import torch
 
 from tandem.generation.engine import GenerationEngine
-from tandem.generation.sampling import SamplingParams, counter_uniform, filter_logits, sample_rows
+from tandem.generation.sampling import (
+    SamplingParams,
+    counter_uniform,
+    filter_logits,
+    sample_rows,
+)
 from tandem.models.forward import forward_logits
 
 VOCAB, PAD, EOS = 32, 0, 1

@@ -38,9 +38,9 @@ def generate(model):
 
 def main() -> int:
     rank, init_file, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    from tandem.dist.parallel import ParallelConfig, init_distributed
     from tandem.models.forward import forward_logits
     from tandem.models.logprobs import gather_vocab
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=2), rank, 2, f"file://{init_file}", seed=1)
     model = build(tp=2)

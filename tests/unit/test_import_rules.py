@@ -14,7 +14,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("tandem", "services", "controller")
-V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", "tandem/rollout/servicer.py",
+V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", "tandem/serving/rollout_servicer.py",
               "controller/clients.py", "services/reward/examples/*", "tandem/v1/*"]
 
 
@@ -118,3 +118,65 @@ def test_only_the_wire_edge_imports_tandem_v1():
             if bad:
                 offenders.append(f"{r} imports {bad}")
     assert not offenders, "tandem.v1 imported outside the wire edge:\n" + "\n".join(sorted(offenders))
+
+
+def package_of(module: str) -> str | None:
+    """tandem.<package>[.…] -> <package> (a top-level module such as tandem.logging is its own)."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "tandem" and len(parts) > 1 else None
+
+
+def package_graph(files: list[pathlib.Path]) -> dict[str, set[str]]:
+    """package -> the other tandem packages its sources import (generated tandem.v1 excluded)."""
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        src = package_of(module_of(path))
+        if src is None or src == "v1":
+            continue
+        for name in imported_modules(path):
+            dst = package_of(name)
+            if dst in (None, src, "v1"):
+                continue
+            if (ROOT / "tandem" / dst).is_dir() or (ROOT / "tandem" / f"{dst}.py").is_file():
+                graph.setdefault(src, set()).add(dst)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph as [a, b, ..., a], or None (depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_library_packages():
+    graph = package_graph(source_files("tandem"))
+    assert {"parallel", "serving", "models", "train"} <= set(graph), sorted(graph)
+    cycle = find_cycle(graph)
+    assert cycle is None, "packages of tandem/ import each other in a cycle: " + " -> ".join(cycle)
+    # control: the check finds a cycle once one edge closes it
+    closing = {k: set(v) for k, v in graph.items()}
+    closing.setdefault("parallel", set()).add("serving")
+    assert find_cycle(closing) is not None
+
+
+def test_nothing_imports_tandem_dist():
+    offenders = [f"{rel(p)} imports {name}" for top in PACKAGES + ("tests", "bench") for p in source_files(top)
+                 for name in imported_modules(p) if under(name, "tandem.dist")]
+    assert not offenders and not (ROOT / "tandem" / "dist").exists(), offenders

@@ -44,7 +44,7 @@ def mini_batch(rows: int, units, same_rows: bool = False):
     """One mini-batch of `rows` rows ([left-padded prompt | right-padded response]) with the
     meta the front door sets (its loss units by `units`, its tokens)."""
     from tandem.data.batch import DataProto
-    from tandem.dist.dispatch import train_layout
+    from tandem.serving.dispatch import train_layout
 
     g = torch.Generator().manual_seed(0)
     lp, r = 5, 4
@@ -151,7 +151,7 @@ def test_metric_is_megatrons_loss_per_layer(megatron_dist, moe_dir):
 
 
 def test_coefficient_from_config(tmp_path):
-    from tandem.config import ModelConfig, MegatronConfig, router_aux_loss_coeff
+    from tandem.config import MegatronConfig, ModelConfig, router_aux_loss_coeff
 
     quiet = tiny_qwen3_moe(tmp_path / "quiet", router_aux_loss_coef=0.02)  # output_router_logits: false
     loud = tiny_qwen3_moe(tmp_path / "loud", router_aux_loss_coef=0.02, output_router_logits=True)

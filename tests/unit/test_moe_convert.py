@@ -124,7 +124,7 @@ def test_refuses_unsupported_configs(moe_dirs):
 
 
 def test_parallel_layout_names_expert_parallel():
-    from tandem.dist.parallel import ParallelConfig
+    from tandem.parallel.layout import ParallelConfig
 
     ParallelConfig(tp=1, ep=2).validate(world_size=2, num_heads=4, num_query_groups=2, num_experts=4)
     with pytest.raises(ValueError, match="expert_model_parallel_size=2: world size 2 is not divisible by ep x tp x pp"):

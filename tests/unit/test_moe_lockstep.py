@@ -1,12 +1,12 @@
 """Expert parallelism runs every data-parallel rank in lockstep (each MoE layer's all-to-all
 spans them): the front door refuses a batch whose DP shards would run different numbers of
-micro-batches, naming the numbers, instead of hanging (tandem/dist/dispatch.py)."""
+micro-batches, naming the numbers, instead of hanging (tandem/serving/dispatch.py)."""
 import pytest
 import torch
 
 from tandem.data.batch import DataProto
-from tandem.dist.dispatch import check_lockstep, layout
 from tandem.rpc.errors import InvalidArgument
+from tandem.serving.dispatch import check_lockstep, layout
 
 
 def rows(n: int) -> DataProto:

@@ -4,7 +4,7 @@ without a stream sync on GPUs and is a plain .to() elsewhere."""
 import pytest
 import torch
 
-from tandem.dist.device import to_device
+from tandem.parallel.device import to_device
 from tandem.train.schedule import is_scalar
 from tandem.train.step import host_floats
 

@@ -4,8 +4,7 @@ decode-side validation messages, without a server."""
 import pytest
 import torch
 
-from tandem.data import codec
-from tandem.data import validate
+from tandem.data import codec, validate
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
 from tandem.v1 import data_pb2

@@ -18,7 +18,7 @@ from tandem.data.batch import DataProto
 from tandem.rpc import errors
 from tandem.rpc.client import ServiceClient, make_channel
 from tandem.rpc.server import serve
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import critic_pb2, critic_pb2_grpc, reward_pb2, reward_pb2_grpc
 
 REWARD = "tandem.v1.RewardService"

@@ -62,7 +62,7 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
     torch.set_num_threads(max(1, torch_threads))
     if role == "reward":
         return get_logger(f"services.{role}")
-    from tandem.dist.parallel import ParallelConfig, init_distributed
+    from tandem.parallel.layout import ParallelConfig, init_distributed
 
     parallel = parallel or ParallelConfig()
     if shape is not None:
@@ -112,3 +112,21 @@ def load_tokenizer(cfg: TandemConfig):
     if not path:
         raise ValueError("actor_rollout_ref.model.tokenizer_path must be set (the controller sets it)")
     return AutoTokenizer.from_pretrained(path)
+
+
+def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
+    """Run a service's rank group: ranks > 0 follow rank 0's commands; rank 0 serves the
+    gRPC `servicers(thread)` (a list of (service name, servicer)) with model work on one
+    WorkerThread, until SIGTERM, then lets the running call finish and stops the ranks."""
+    from tandem.rpc.server import run_server, serve
+    from tandem.serving.worker_thread import WorkerThread
+
+    if not group.is_front:
+        group.follow()
+        return
+    thread = WorkerThread(role)
+    try:
+        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file))
+    finally:
+        thread.shutdown(wait=True)  # the running call finishes on every rank first
+        group.stop()

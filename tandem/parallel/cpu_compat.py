@@ -1,14 +1,11 @@
-"""The one place that decides device and dtype, plus the megatron-core CPU shim.
+"""The megatron-core CPU shim: what makes megatron-core's CUDA assumptions hold on a CPU host.
 
-Everything else asks this module for the device (`device()`), the parameter dtype
-(`param_dtype()`) and must never call `torch.cuda.*` directly.
-
-megatron-core assumes CUDA in a few places (`torch.cuda.current_device()` for
-parameter placement, `torch.cuda.synchronize()`, the CUDA RNG tracker). On a
-host without CUDA, `install_cpu_compat()` makes those calls answer for the CPU:
-GPTModel then builds, and TP forward/backward runs over gloo. Pipeline
-schedules hard-code "cuda", so PP > 1 is refused on CPU (see dist/parallel.py).
-The shim touches nothing when CUDA is present.
+megatron-core assumes CUDA in a few places (`torch.cuda.current_device()` for parameter
+placement, `torch.cuda.synchronize()`, the CUDA RNG tracker, literal device="cuda" in the
+optimizer, checkpointing and pipeline schedules). On a host without CUDA, `install()` makes
+those calls answer for the CPU: GPTModel builds, TP/PP/EP forward and backward run over gloo,
+and megatron's own optimizer and schedules run unchanged. It touches nothing when CUDA is
+present, and is installed once per process by `tandem.parallel.layout.init_distributed`.
 """
 from __future__ import annotations
 
@@ -16,74 +13,15 @@ import contextlib
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-_compat_installed = False
+_installed = False
 
 
-def has_cuda() -> bool:
-    return torch.cuda.is_available()
-
-
-def device() -> torch.device:
-    """The compute device of this process (its local GPU, or the CPU)."""
-    return torch.device("cuda", torch.cuda.current_device()) if has_cuda() else torch.device("cpu")
-
-
-def backend() -> str:
-    """torch.distributed backend for the device group."""
-    return "nccl" if has_cuda() else "gloo"
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {sorted(_DTYPES)}") from None
-
-
-def set_local_device(local_rank: int) -> None:
-    if has_cuda():
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
-
-
-def to_device(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """`t.to(dev)` without making the host wait for the device. A plain host-to-GPU copy
-    from pageable memory synchronizes the stream, i.e. waits for all queued GPU work: ~10
-    of those per training micro-batch left the GPU idle while the host prepared the next
-    one. Here the copy goes through pinned memory, asynchronously (torch's pinned-memory
-    cache keeps the staging buffer until the copy has run)."""
-    if t.device.type != "cpu" or dev.type != "cuda":
-        return t.to(dev)
-    return t.pin_memory().to(dev, non_blocking=True)
-
-
-def synchronize() -> None:
-    if has_cuda():
-        torch.cuda.synchronize()
-
-
-def empty_cache() -> None:
-    """Return cached, unused device memory to the driver (e.g. a released KV cache)."""
-    if has_cuda():
-        torch.cuda.empty_cache()
-
-
-def manual_seed(seed: int) -> None:
-    """Seed torch and megatron's model-parallel RNG tracker (CUDA or CPU)."""
-    from megatron.core import tensor_parallel
-
-    torch.manual_seed(seed)
-    # On CPU the tracker installed by install_cpu_compat() forks the CPU RNG state.
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
-
-
-def install_cpu_compat() -> None:
+def install() -> None:
     """Make megatron-core's CUDA assumptions hold on a CPU-only host. Idempotent."""
-    global _compat_installed
-    if has_cuda() or _compat_installed:
+    global _installed
+    if torch.cuda.is_available() or _installed:
         return
-    _compat_installed = True
+    _installed = True
     torch.cuda.current_device = lambda: "cpu"  # parameters land on the CPU
     torch.cuda.synchronize = lambda *a, **k: None
     torch.cuda.empty_cache = lambda: None

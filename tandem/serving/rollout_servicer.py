@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from tandem.data import codec, schemas
 from tandem.generation.sampling import SamplingParams
-from tandem.rollout.front import RolloutFront
 from tandem.rpc.errors import InvalidArgument
-from tandem.rpc.worker_thread import WorkerThread
+from tandem.serving.rollout_front import RolloutFront
+from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import rollout_pb2
 
 SERVICE = "tandem.v1.RolloutService"

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tandem.dist import device
+from tandem.parallel import cpu_compat, device
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
     """Start torch.distributed and megatron parallel_state for this rank."""
     from megatron.core import parallel_state
 
-    device.install_cpu_compat()
+    cpu_compat.install()
     device.set_local_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group(

@@ -1,4 +1,4 @@
-"""RolloutWorker's API over a rank group (rank 0 = front door).
+"""RolloutWorker's API over a rank group (rank 0 = front door; tandem/serving/front.py).
 
 Prompts are split over the DP ranks in contiguous shards (TP ranks of one DP group
 generate together), or over every rank for TP=1 replicas (tandem/rollout/replica.py); the
@@ -14,10 +14,11 @@ from dataclasses import replace
 import torch
 
 from tandem.data.batch import DataProto
-from tandem.dist.dispatch import layout
-from tandem.dist.rank_group import RankGroup
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.outputs import concat_generations
+from tandem.serving.dispatch import layout
+from tandem.serving.front import FrontDoor
+from tandem.serving.rank_group import RankGroup
 
 
 class RolloutFront:
@@ -46,5 +47,5 @@ class RolloutFront:
         return concat_generations(parts, self.pad_id)  # each rank padded its prompts to its own longest
 
     def load_weights(self, weights, version: int) -> int:
-        self.weights_version = self.group.run_all(self.target, "load_weights", weights, version)[0]
+        self.weights_version = FrontDoor(self.group, self.target).everywhere("load_weights", weights, version)
         return self.weights_version

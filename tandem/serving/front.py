@@ -1,0 +1,59 @@
+"""The front door of a rank group (rank 0): a worker's API over all of its ranks.
+
+A model service's RPC arrives on rank 0 only. The front door lays the batch out over the
+data-parallel ranks (`dispatch.py`: mini-batches first, then one contiguous shard per DP
+rank), runs the worker's method on every rank (`rank_group.py`) and reassembles the
+output ranks' results, in the batch's row order for per-row outputs and as mini-batch
+means for training metrics. Services build their role's API (actor, critic, rollout) from
+these three calls; none of them touches ranks or layouts itself.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from tandem.data.batch import DataProto
+from tandem.serving.dispatch import (
+    check_lockstep,
+    combine_train_metrics,
+    gather_rows,
+    layout,
+    train_layout,
+)
+from tandem.serving.rank_group import RankGroup
+
+
+class FrontDoor:
+    def __init__(self, group: RankGroup, target: str, lockstep: bool = False):
+        """lockstep: every DP rank must run the same number of micro-batches per mini-batch
+        (expert parallelism: the expert all-to-alls span DP ranks; dispatch.check_lockstep)."""
+        self.group = group
+        self.target = target
+        self.lockstep = lockstep
+
+    @property
+    def dp(self) -> int:
+        return self.group.dp_size
+
+    def map_rows(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int) -> DataProto:
+        """`method(shards, *args)` on every DP rank, `shards` being its rows of each
+        mini-batch of `rows_per_mini`; the per-row results back in the batch's order."""
+        lay = layout(batch, rows_per_mini, self.dp)
+        if self.lockstep:
+            check_lockstep(lay, micro_rows)
+        results = self.group.run(self.target, method, [(s, *args) for s in lay.shards])
+        return gather_rows(lay, results, len(batch))
+
+    def train(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int,
+              units: Callable[[DataProto], int], epochs: int = 1, shuffle: bool = False,
+              seed: int = 0) -> dict[str, float]:
+        """`method(shards, *args)` for an update: one optimizer step per mini-batch, each
+        shard's meta carrying its mini-batch's loss units; -> mini-batch mean metrics."""
+        lay = train_layout(batch, rows_per_mini, self.dp, epochs=epochs, shuffle=shuffle, seed=seed, units=units)
+        if self.lockstep:
+            check_lockstep(lay, micro_rows)
+        results = self.group.run(self.target, method, [(s, *args) for s in lay.shards])
+        return combine_train_metrics(results, len(lay.minis))
+
+    def everywhere(self, method: str, *args):
+        """`method(*args)` on every rank; -> DP rank 0's result."""
+        return self.group.run_all(self.target, method, *args)[0]
