@@ -59,9 +59,12 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
     megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
     groups, experts) and starts the other ranks first."""
     configure_logging(role=role, rank=args.rank, run_id=args.run_id)
+    log = get_logger(f"services.{role}")
+    # one line per rank process: how tests and operators count a service's processes
+    log.info("service.process", pid=os.getpid(), world_size=world_size)
     torch.set_num_threads(max(1, torch_threads))
     if role == "reward":
-        return get_logger(f"services.{role}")
+        return log
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     parallel = parallel or ParallelConfig()
@@ -74,7 +77,7 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
         _start_other_ranks(role, args, world_size, rendezvous)
     init_distributed(parallel, rank=args.rank, world_size=world_size,
                      init_method=f"file://{rendezvous}", seed=seed)
-    return get_logger(f"services.{role}")
+    return log
 
 
 def _start_other_ranks(role: str, args: ServiceArgs, world_size: int, rendezvous: str) -> None:

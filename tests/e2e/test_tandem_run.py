@@ -3,9 +3,10 @@ PPO (GAE + critic) with a standalone rollout. Checks the run directory's files, 
 that every role ran as its own OS process, and that none is left afterwards."""
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -36,44 +37,26 @@ CASES = {
 }
 
 
-def service_role(proc: psutil.Process) -> str | None:
-    """'actor' for `python -m services.actor ...`, else None."""
-    try:
-        cmd = proc.cmdline()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-    for i, arg in enumerate(cmd[:-1]):
-        if arg == "-m" and cmd[i + 1].startswith("services."):
-            return cmd[i + 1].split(".", 1)[1]
-    return None
+def service_pids(run_dir) -> dict[str, set[int]]:
+    """{role: pids of its rank processes}, as each rank reports itself in logs/<role>.log
+    (a `service.process` line per rank; short-lived helper processes a rank may fork, such as
+    checkpoint writers, do not count)."""
+    seen: dict[str, set[int]] = {}
+    for log in (pathlib.Path(run_dir) / "logs").glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"service.process"' in line:
+                event = json.loads(line)
+                seen.setdefault(event["role"], set()).add(event["pid"])
+    return seen
 
 
 def run_tandem(overrides: list[str], timeout_s: float = 240) -> tuple[int, str, str, dict[str, set[int]]]:
-    """Run `python -m controller run ...`; while it runs, record the pids of its service children."""
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen: dict[str, set[int]] = {}
-    parent = psutil.Process(proc.pid)
-    deadline = time.monotonic() + timeout_s
-    try:
-        while proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"tandem run did not finish in {timeout_s}s")
-            try:
-                children = parent.children(recursive=True)
-            except psutil.NoSuchProcess:
-                break
-            for child in children:
-                role = service_role(child)
-                if role:
-                    seen.setdefault(role, set()).add(child.pid)
-            time.sleep(0.1)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    return proc.returncode, out, err, seen
+    """Run `python -m controller run ...`; -> exit code, stdout, stderr and the pids of the
+    service processes it started (from the run directory's logs)."""
+    proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides],
+                          capture_output=True, text=True, timeout=timeout_s)
+    found = re.search(r"tandem: (?:run directory|resuming) (\S+)", proc.stdout)
+    return proc.returncode, proc.stdout, proc.stderr, service_pids(found.group(1)) if found else {}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -134,5 +117,5 @@ def test_tandem_run(case, tmp_path):
     assert set(pids) == roles, f"saw service processes {pids}"
     all_pids = [p for ps in pids.values() for p in ps]
     assert all(len(ps) == 1 for ps in pids.values()) and len(set(all_pids)) == len(roles)
-    alive = [p for p in all_pids if psutil.pid_exists(p) and service_role(psutil.Process(p))]
+    alive = [p for p in all_pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"service processes still alive after the run: {alive}"

@@ -36,11 +36,21 @@ def engine(model, **kw):
     return GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, **kw)
 
 
+# Rows decoded in blocks of other sizes run the same fp32 operations in GEMMs of other shapes,
+# whose kernels (and thread splits) sum in other orders: the same row's log-probs then differ
+# by rounding only. Bound: a length-K fp32 dot product is within K * 2^-24 * sum|a_i b_i| of
+# exact; here K <= 128, |logits| <= ~6, through ~6 chained GEMMs and a log-softmax:
+# 128 * 6e-8 * 6 * 6 * 2 ~ 6e-4 (measured: 5e-6 .. 3.3e-5 across CPUs and thread counts).
+# A logic error (a wrong position, cache slot or RNG counter) moves log-probs by > 1e-1,
+# far outside it (test_the_row_tolerance_separates_bugs_from_rounding).
+ROW_LOG_PROB_TOL = 1e-3
+
+
 def same(a, b):
     assert torch.equal(a.responses, b.responses)
     assert torch.equal(a.response_mask, b.response_mask)
     assert torch.equal(a.prompts, b.prompts)
-    torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=ROW_LOG_PROB_TOL, rtol=0)
 
 
 @pytest.mark.parametrize("greedy", [True, False])
@@ -53,6 +63,17 @@ def test_refill_and_windows_do_not_change_rows(model, greedy):
     assert lengths.min() < lengths.max(), "rows should finish at different steps"
     for kw in (dict(max_batch_size=3), dict(max_batch_size=5, sync_every=4), dict(max_batch_size=2)):
         same(engine(model, **kw).generate(PROMPTS, params), whole)
+
+
+def test_the_row_tolerance_separates_bugs_from_rounding(model):
+    """Control for ROW_LOG_PROB_TOL: the same tokens scored at another temperature (what a
+    wrong row or position does to a log-prob, in size) differ by far more than it."""
+    params = SamplingParams(max_new_tokens=9, temperature=0.8, top_k=8, n=2, seed=11)
+    a = engine(model, max_batch_size=64).generate(PROMPTS, params)
+    b = engine(model, max_batch_size=64).generate(PROMPTS, SamplingParams(
+        max_new_tokens=9, temperature=0.8 * 1.1, top_k=8, n=2, seed=11))
+    both = (a.response_mask * b.response_mask).bool()
+    assert (a.rollout_log_probs - b.rollout_log_probs)[both].abs().max() > 100 * ROW_LOG_PROB_TOL
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
