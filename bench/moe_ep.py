@@ -78,11 +78,11 @@ def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str) ->
 
     from safetensors.torch import load_file
 
-    from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_export import export_hf
     from tandem.convert.hf_load import load_hf_weights
     from tandem.models.build import build_gpt_model
     from tandem.models.forward import forward_logits
+    from tandem.models.registry import shape_from_hf_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     if not torch.cuda.is_available():

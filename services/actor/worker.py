@@ -17,11 +17,11 @@ from tandem.config import OptimConfig, TandemConfig
 from tandem.data.batch import DataProto
 from tandem.models.build import build_gpt_model
 from tandem.models.compile import compile_layers
-from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.train import losses
 from tandem.train.microbatch import micro_batches
+from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.schedule import reads_responses_only, run_schedule
 from tandem.train.step import train_steps
@@ -154,10 +154,6 @@ def _architecture(hf_dir: str | None) -> str:
     """The Hugging Face class the policy exports as: the source checkpoint's, else Llama."""
     if not hf_dir:
         return "LlamaForCausalLM"
-    import json
-    import os
+    from tandem.models.registry import architecture_of, read_hf_config
 
-    from tandem.convert.hf_config import architecture_of
-
-    with open(os.path.join(hf_dir, "config.json")) as f:
-        return architecture_of(json.load(f))
+    return architecture_of(read_hf_config(hf_dir))

@@ -15,11 +15,11 @@ from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.models.build import build_gpt_model
 from tandem.models.compile import compile_layers
-from tandem.models.moe_aux_loss import load_balancing
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.train import losses
 from tandem.train.microbatch import micro_batches
+from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.schedule import run_schedule
 from tandem.train.step import train_steps

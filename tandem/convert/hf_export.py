@@ -16,10 +16,9 @@ import shutil
 
 import torch
 
-from tandem.convert.hf_config import hf_config_from_shape
-from tandem.convert.mapping import Direct, expand_mappings
-from tandem.convert.moe_mapping import expert_ranks
-from tandem.convert.reshard import gather_shards
+from tandem.convert.reshard import expert_ranks, gather_shards
+from tandem.models.mapping import Direct
+from tandem.models.registry import hf_config_from_shape, weight_mappings
 
 
 def _default_tp_group():
@@ -62,7 +61,7 @@ def export_hf(model, shape, out_dir: str, architecture: str, tp_group=None,
     writer = _is_writer(tp_group)
     ep_rank, ep_size, _, _ = expert_ranks()
     etp_group, ep_group = _expert_groups(ep_size)
-    tables = [expand_mappings(shape, r, ep_size) for r in range(ep_size)]
+    tables = [weight_mappings(shape, r, ep_size, architecture) for r in range(ep_size)]
     for j, m in enumerate(tables[ep_rank]):
         local = params[m.megatron].detach()
         replicated = isinstance(m, Direct) and m.split_dim is None

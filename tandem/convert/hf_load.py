@@ -5,10 +5,12 @@ any HF key it expects but the checkpoint lacks, and any megatron parameter left 
 ValueError naming them. Tensors are read one at a time (safetensors.safe_open); the parts of a
 fused mapping (q/k/v, gate/up) are held only until the last part arrives.
 
+The name table is the checkpoint's family's (config.json's architecture, tandem/models/registry.py).
 Skipped on purpose: rotary `inv_freq` buffers (recomputed) and, for tied embeddings, an
 `lm_head.weight` some checkpoints store anyway (megatron reuses the embedding).
-MoE (Qwen3-MoE): each expert-parallel rank loads only its experts (moe_mapping.py), split over
-the expert-tensor-parallel group; the other ranks' expert keys are skipped, not unexpected.
+MoE (Qwen3-MoE): each expert-parallel rank loads only its experts (its table lists only those),
+split over the expert-tensor-parallel group; the other ranks' expert keys are skipped, not
+unexpected.
 Vocab: the HF vocab must be divisible by tp (megatron's vocab-parallel layers assume it);
 otherwise loading is refused with the numbers -- no silent row padding.
 Not handled: pipeline parallelism (pp > 1), scalar-head (critic) models.
@@ -17,11 +19,15 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 import torch
 
-from tandem.convert.mapping import IGNORED_HF, expand_mappings
-from tandem.convert.moe_mapping import expert_ranks, other_ranks_hf_names
+from tandem.convert.reshard import expert_ranks
+from tandem.models.registry import architecture_of, read_hf_config, weight_mappings
+
+# HF keys found in some checkpoints that carry no weights (recomputed buffers): skipped on load.
+IGNORED_HF = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"),)
 
 
 def hf_safetensors_files(hf_dir: str) -> list[str]:
@@ -43,6 +49,12 @@ def _check_parallel(shape, tp_size: int) -> None:
                          "to a multiple of tp first")
 
 
+def _other_ranks_hf_names(shape, architecture: str, ep_rank: int, ep_size: int) -> set[str]:
+    """HF keys in the tables of the other expert-parallel ranks (their experts)."""
+    return {name for r in range(ep_size) if r != ep_rank
+            for m in weight_mappings(shape, r, ep_size, architecture) for name in m.hf_names}
+
+
 def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> set[str]:
     """Copy the HF checkpoint in `hf_dir` into `model` (this TP rank's shards).
 
@@ -53,9 +65,10 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
 
     _check_parallel(shape, tp_size)
     ep_rank, ep_size, etp_rank, etp_size = expert_ranks()
-    mappings = expand_mappings(shape, ep_rank, ep_size)
-    elsewhere = other_ranks_hf_names(shape, ep_rank, ep_size)
+    architecture = architecture_of(read_hf_config(hf_dir))
+    mappings = weight_mappings(shape, ep_rank, ep_size, architecture)
     by_hf = {name: m for m in mappings for name in m.hf_names}
+    elsewhere = _other_ranks_hf_names(shape, architecture, ep_rank, ep_size) - set(by_hf)
     params = dict(model.named_parameters())
     unknown_megatron = sorted(m.megatron for m in mappings if m.megatron not in params)
     if unknown_megatron:

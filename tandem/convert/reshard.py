@@ -6,7 +6,7 @@ into one buffer, one all-gather per bucket brings every rank's buffer (NCCL on G
 each parameter's TP=1 tensor is assembled from views of the result (one copy). A plain
 concatenation is right for the row-split tensors (embedding, head, linear_qkv: TP slices whole
 query groups), not for linear_fc1 ([gate_r; up_r] per rank) or the column-split ones; the
-typed mappings (tandem/convert/mapping.py) say which is which. Replicated tensors (norms,
+typed mappings (tandem/models/mapping.py) say which is which. Replicated tensors (norms,
 routers) are returned as they are. Routed experts (MoE) are gathered over the expert-TP group,
 then every expert-parallel rank's experts over the EP group, and named by their global index.
 `bucket_bytes=0` keeps the former path (one all-gather per parameter; bench/weight_sync.py
@@ -16,9 +16,20 @@ from __future__ import annotations
 
 import torch
 
-from tandem.convert.mapping import QKV, Direct, GatedMLP, Mapping, expand_mappings
+from tandem.models.mapping import QKV, Direct, GatedMLP, Mapping
+from tandem.models.registry import weight_mappings
 
 BUCKET_BYTES = 1 << 30  # per all-gather (before gathering): fewer collectives vs. peak memory
+
+
+def expert_ranks() -> tuple[int, int, int, int]:
+    """(ep_rank, ep_size, etp_rank, etp_size) of this process; (0, 1, 0, 1) without megatron groups."""
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        return 0, 1, 0, 1
+    return (ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size(),
+            ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size())
 
 
 def gather_shards(t: torch.Tensor, group) -> list[torch.Tensor]:
@@ -92,23 +103,21 @@ def tp1_weights(model, shape, tp_group=None, bucket_bytes: int = BUCKET_BYTES) -
         weights = _across_stages(model, shape, tp_group, bucket_bytes)
     else:
         weights = _stage_tp1(model, shape, tp_group, bucket_bytes)
-    missing = [m.megatron for m in expand_mappings(shape) if m.megatron not in weights]
+    missing = [m.megatron for m in weight_mappings(shape) if m.megatron not in weights]
     if missing:
         raise ValueError(f"TP=1 weight sync: no tensor for {missing[:5]}")
-    return {m.megatron: weights[m.megatron] for m in expand_mappings(shape)}
+    return {m.megatron: weights[m.megatron] for m in weight_mappings(shape)}
 
 
 def _stage_tp1(model, shape, tp_group, bucket_bytes: int) -> dict[str, torch.Tensor]:
     """tp1_weights of this pipeline stage's own parameters (local layer numbers)."""
     from megatron.core import parallel_state as ps
 
-    from tandem.convert.moe_mapping import expert_ranks
-
     groups = {"tp": tp_group if tp_group is not None else ps.get_tensor_model_parallel_group(),
               "etp": ps.get_expert_tensor_parallel_group() if shape.moe is not None else None}
     ep_rank, ep_size, _, _ = expert_ranks()
     params = dict(model.named_parameters())
-    mine = [m for m in expand_mappings(shape, ep_rank, ep_size) if m.megatron in params]  # this stage's
+    mine = [m for m in weight_mappings(shape, ep_rank, ep_size) if m.megatron in params]  # this stage's
     local = {m.megatron: params[m.megatron].detach() for m in mine}
     full = {m.megatron: local[m.megatron] for m in mine if _replicated(m)}
     split = [m for m in mine if not _replicated(m)]
@@ -176,11 +185,9 @@ def _gather(tensors: list[torch.Tensor], group, bucket_bytes: int) -> list[list[
 def _gather_experts(full: dict, shape, ep_size: int, ep_group, bucket_bytes: int) -> dict:
     """This EP rank's experts (TP=1 layout, local names) -> every EP rank's, by global name.
     Entry j of rank r's table holds the same tensor kind as entry j of every other rank's."""
-    from tandem.convert.moe_mapping import expert_ranks
-
     ep_rank = expert_ranks()[0]
-    tables = [expand_mappings(shape, r, ep_size) for r in range(ep_size)]
-    global_name = {m.hf_names[0]: m.megatron for m in expand_mappings(shape)}
+    tables = [weight_mappings(shape, r, ep_size) for r in range(ep_size)]
+    global_name = {m.hf_names[0]: m.megatron for m in weight_mappings(shape)}
     experts = [j for j, m in enumerate(tables[ep_rank]) if m.group == "etp"]
     out = {k: v for k, v in full.items() if k not in {tables[ep_rank][j].megatron for j in experts}}
     for dtype, js in _by(experts, lambda j: full[tables[ep_rank][j].megatron].dtype).items():

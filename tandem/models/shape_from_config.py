@@ -1,14 +1,14 @@
-"""ModelConfig (+ tokenizer size) -> ModelShape, shared by every role that builds a model.
+"""The run's model config section (+ tokenizer size) -> ModelShape, shared by every role that
+builds a model.
 
 With `model.path` (a Hugging Face directory) the shape comes from its config.json and
-the `model.*` shape keys are ignored; otherwise the built-in shape keys are used.
+the `model.*` shape keys are ignored; otherwise the built-in shape keys are used. The section
+is duck-typed (tandem.config.ModelConfig's fields): tandem.config imports tandem.models, not
+the other way round.
 """
 from __future__ import annotations
 
-import json
-import os
-
-from tandem.config import ModelConfig
+from tandem.models.registry import read_hf_config, shape_from_hf_config
 from tandem.models.spec import ModelShape
 
 
@@ -17,12 +17,10 @@ def padded_vocab_size(tokenizer_len: int, multiple: int = 16) -> int:
     return -(-tokenizer_len // multiple) * multiple
 
 
-def model_shape(cfg: ModelConfig, tokenizer_len: int) -> ModelShape:
+def model_shape(cfg, tokenizer_len: int) -> ModelShape:
+    """cfg: tandem.config.ModelConfig (path, hidden_size, num_hidden_layers, ...)."""
     if cfg.path:
-        from tandem.convert.hf_config import shape_from_hf_config
-
-        with open(os.path.join(cfg.path, "config.json")) as f:  # existence checked by config.validate
-            shape = shape_from_hf_config(json.load(f))
+        shape = shape_from_hf_config(read_hf_config(cfg.path))  # existence checked by config.validate
         if shape.vocab_size < tokenizer_len:
             raise ValueError(f"actor_rollout_ref.model.path: the model's vocab_size {shape.vocab_size} "
                              f"is smaller than the tokenizer's {tokenizer_len} tokens")

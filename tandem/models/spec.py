@@ -62,7 +62,7 @@ def moe_config(moe: MoEShape | None, num_layers: int, ep: int) -> dict:
     = softmax(x_S)), up to rounding. pre-softmax=True is softmax, top-k, no division
     (norm_topk_prob=false). No capacity factor (no token dropping). megatron's own load-balancing
     and z losses stay off (they leave the forward unchanged): the router load-balancing loss,
-    when a run enables it, is attached by tandem/models/moe_aux_loss.py, scaled to Tandem's
+    when a run enables it, is attached by tandem/train/moe_aux_loss.py, scaled to Tandem's
     loss units.
     """
     if moe is None:

@@ -71,7 +71,7 @@ def train_layout(batch: DataProto, rows_per_mini: int, dp: int, *, epochs: int, 
                  seed: int, units: Callable[[DataProto], int]) -> Layout:
     """`layout` for an update: no empty shard, and each shard's meta carries its whole
     mini-batch's loss units (`units(mini)`: what the gradient is divided by) and tokens (what
-    the MoE load-balancing loss is averaged over, tandem/models/moe_aux_loss.py)."""
+    the MoE load-balancing loss is averaged over, tandem/train/moe_aux_loss.py)."""
     lay = layout(batch, rows_per_mini, dp, epochs=epochs, shuffle=shuffle, seed=seed, allow_empty=False)
     for mini, shards in zip(lay.minis, zip(*lay.shards)):
         n, tokens = units(mini), int(mini["attention_mask"].sum())

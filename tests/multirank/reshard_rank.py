@@ -20,11 +20,10 @@ def main() -> int:
     from megatron.core import parallel_state as ps
     from safetensors.torch import load_file
 
-    from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_load import load_hf_weights
-    from tandem.convert.mapping import expand_mappings
     from tandem.convert.reshard import tp1_weights
     from tandem.models.build import build_gpt_model
+    from tandem.models.registry import shape_from_hf_config, weight_mappings
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{rdzv}", seed=1)
@@ -34,7 +33,7 @@ def main() -> int:
         model = build_gpt_model(shape, tp=tp, ep=ep, sequence_parallel=shape.moe is not None)
         load_hf_weights(model, hf_dir, shape, ps.get_tensor_model_parallel_rank(), tp)
         hf = load_file(os.path.join(hf_dir, "model.safetensors"))
-        want = {m.megatron: m.shard(hf, 0, 1) for m in expand_mappings(shape)}
+        want = {m.megatron: m.shard(hf, 0, 1) for m in weight_mappings(shape)}
         runs = {b: tp1_weights(model, shape, bucket_bytes=b) for b in (1 << 30, 4096, 0)}
         for b, got in runs.items():
             assert list(got) == list(want), (b, sorted(set(got) ^ set(want)))

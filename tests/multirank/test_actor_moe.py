@@ -4,7 +4,7 @@ against one rank, with the router load-balancing loss on: same log-probs, same w
 one PPO update (two mini-batches), same metrics (the load-balancing loss included), the same
 TP=1-layout weights for a standalone rollout, and a checkpoint saved at EP=2 that loads at
 EP=1. Micro-batches are single rows, so every layout routes the same rows together and the
-load-balancing statistics agree exactly (tandem/models/moe_aux_loss.py)."""
+load-balancing statistics agree exactly (tandem/train/moe_aux_loss.py)."""
 import pytest
 import torch
 from actor_runs import assert_same_weights, hf_weights, run_actor

@@ -23,12 +23,12 @@ def main() -> int:
     init_file, out_dir, hf_dirs = sys.argv[4], sys.argv[5], sys.argv[6:]
     from megatron.core import parallel_state
 
-    from tandem.convert.hf_config import architecture_of, shape_from_hf_config
     from tandem.convert.hf_export import export_hf
     from tandem.convert.hf_load import load_hf_weights
     from tandem.models.build import build_gpt_model
     from tandem.models.forward import forward_logits
     from tandem.models.logprobs import gather_vocab
+    from tandem.models.registry import architecture_of, shape_from_hf_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{init_file}", seed=1)

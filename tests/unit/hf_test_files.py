@@ -16,9 +16,9 @@ def hf_tensors(d) -> dict[str, torch.Tensor]:
 
 def import_hf(hf_dir):
     """-> (GPTModel at TP=1 with the checkpoint loaded, its shape, the loaded parameter names)."""
-    from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_load import load_hf_weights
     from tandem.models.build import build_gpt_model
+    from tandem.models.registry import shape_from_hf_config
 
     shape = shape_from_hf_config(json.loads((pathlib.Path(hf_dir) / "config.json").read_text()))
     model = build_gpt_model(shape)

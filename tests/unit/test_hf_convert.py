@@ -48,7 +48,7 @@ def hf_dirs(tmp_path_factory):
 def test_shape_from_hf_config(hf_dirs):
     from transformers import AutoConfig
 
-    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.models.registry import shape_from_hf_config
 
     q = shape_from_hf_config(AutoConfig.from_pretrained(hf_dirs["qwen2"]))
     assert q.attention_bias and q.tie_word_embeddings and q.rope_theta == 500000.0
@@ -91,7 +91,7 @@ def test_round_trip_bit_exact_tp1(megatron_dist, hf_dirs, family, tmp_path):
     # the exported config loads back as the same shape, and transformers reads it
     from transformers import AutoConfig
 
-    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.models.registry import shape_from_hf_config
 
     assert shape_from_hf_config(AutoConfig.from_pretrained(out)) == shape
 
@@ -113,7 +113,7 @@ def test_strict_extra_and_missing_keys(megatron_dist, hf_dirs, tmp_path):
 
 
 def test_refuses_unsupported_configs(hf_dirs):
-    from tandem.convert.hf_config import hf_config_from_shape, shape_from_hf_config
+    from tandem.models.registry import hf_config_from_shape, shape_from_hf_config
 
     base = json.loads((hf_dirs["llama"] / "config.json").read_text())
     with pytest.raises(ValueError, match="MistralForCausalLM.*LlamaForCausalLM"):

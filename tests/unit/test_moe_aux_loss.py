@@ -1,4 +1,4 @@
-"""The MoE router load-balancing loss in training (tandem/models/moe_aux_loss.py), one rank, fp32.
+"""The MoE router load-balancing loss in training (tandem/train/moe_aux_loss.py), one rank, fp32.
 
 With a main loss of exactly zero the gradient is the load-balancing term alone. It is there;
 it equals megatron-core's own aux_loss gradient where megatron's scaling is right (TP=1, loss
@@ -24,9 +24,9 @@ def moe_dir(tmp_path_factory):
 
 def build(moe_dir, megatron_aux: bool = False):
     """DDP-wrapped tiny Qwen3-MoE; megatron_aux: megatron's own aux_loss on its routers (the reference)."""
-    from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_load import load_hf_weights
     from tandem.models.build import build_gpt_model
+    from tandem.models.registry import shape_from_hf_config
     from tandem.train.optim import wrap_ddp
 
     shape = shape_from_hf_config(json.loads((moe_dir / "config.json").read_text()))
@@ -98,7 +98,7 @@ def assert_same(a, b):
 
 
 def test_gradient_present_and_equal_to_megatron_aux_loss(megatron_dist, moe_dir):
-    from tandem.models.moe_aux_loss import RouterLoadBalancing
+    from tandem.train.moe_aux_loss import RouterLoadBalancing
 
     ddp, shape = build(moe_dir)
     balancing = RouterLoadBalancing(ddp.module, COEFF, len(shape.moe.moe_layers))
@@ -117,7 +117,7 @@ def test_gradient_present_and_equal_to_megatron_aux_loss(megatron_dist, moe_dir)
 
 
 def test_independent_of_loss_units_and_split(megatron_dist, moe_dir):
-    from tandem.models.moe_aux_loss import RouterLoadBalancing
+    from tandem.train.moe_aux_loss import RouterLoadBalancing
 
     ddp, shape = build(moe_dir)
     balancing = RouterLoadBalancing(ddp.module, COEFF, len(shape.moe.moe_layers))
@@ -137,7 +137,7 @@ def test_metric_is_megatrons_loss_per_layer(megatron_dist, moe_dir):
     """One micro-batch: the metric equals megatron's tracked aux_loss, averaged over MoE layers."""
     from megatron.core.transformer.moe import moe_utils
 
-    from tandem.models.moe_aux_loss import RouterLoadBalancing
+    from tandem.train.moe_aux_loss import RouterLoadBalancing
 
     ddp, shape = build(moe_dir)
     _, metrics = gradients(ddp, mini_batch(3, response_tokens), 3, response_tokens,

@@ -28,7 +28,7 @@ def moe_dirs(tmp_path_factory):
 def test_shape_from_config(moe_dirs):
     from transformers import AutoConfig
 
-    from tandem.convert.hf_config import shape_from_hf_config
+    from tandem.models.registry import shape_from_hf_config
 
     a = shape_from_hf_config(AutoConfig.from_pretrained(moe_dirs["topk_norm"]))  # v5 spells num_local_experts
     assert (a.kv_channels, a.qk_layernorm, a.attention_bias) == (32, True, False)
@@ -65,8 +65,8 @@ def test_logits_match_transformers_ep1(megatron_dist, moe_dirs, variant):
 def test_round_trip_bit_exact_ep1(megatron_dist, moe_dirs, variant, tmp_path):
     from transformers import AutoConfig
 
-    from tandem.convert.hf_config import shape_from_hf_config
     from tandem.convert.hf_export import export_hf
+    from tandem.models.registry import shape_from_hf_config
 
     model, shape, _ = import_hf(moe_dirs[variant])
     out = export_hf(model, shape, str(tmp_path / "out"), "Qwen3MoeForCausalLM")
@@ -102,7 +102,7 @@ def test_strict_extra_and_missing_keys(megatron_dist, moe_dirs, tmp_path):
 
 
 def test_refuses_unsupported_configs(moe_dirs):
-    from tandem.convert.hf_config import hf_config_from_shape, shape_from_hf_config
+    from tandem.models.registry import hf_config_from_shape, shape_from_hf_config
     from tandem.models.spec import transformer_config
 
     base = json.loads((moe_dirs["topk_norm"] / "config.json").read_text())

@@ -1,6 +1,6 @@
-"""HF <-> megatron parameter names and the typed mappings that reshape/slice them.
+"""The typed mappings between HF and megatron parameters, and `{layer}` expansion.
 
-One table (`llama_family_mappings`) lists every parameter of a Llama/Qwen2 decoder with a
+A family's table (tandem/models/families/) lists every parameter of a decoder with a
 `{layer}` wildcard. Each entry is one of:
 
 - `Direct`: one HF tensor <-> one megatron tensor, split along `split_dim` over TP
@@ -14,12 +14,12 @@ One table (`llama_family_mappings`) lists every parameter of a Llama/Qwen2 decod
 `shard(hf, tp_rank, tp_size)` builds this rank's megatron tensor from full HF tensors;
 `unshard(shards)` takes every rank's megatron shard (rank order) and returns full HF tensors.
 `group` names the ranks a tensor is split over: "tp", or "etp" for routed experts (megatron's
-expert-tensor-parallel group; each expert lives on one expert-parallel rank, moe_mapping.py).
+expert-tensor-parallel group; each expert lives on one expert-parallel rank, families/qwen3_moe.py).
 Pipeline parallelism is out of scope here (layer numbers are global = local at pp=1).
+Pure: torch only; reading checkpoints and gathering shards is tandem/convert's.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
@@ -118,51 +118,20 @@ class GatedMLP:
 
 Mapping = Direct | QKV | GatedMLP
 
-# HF keys found in some checkpoints that carry no weights (recomputed buffers): skipped on load.
-IGNORED_HF = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"),)
 
-
-def llama_family_mappings(shape) -> list[Mapping]:
-    """The table for Llama / Qwen2 (megatron local spec names), with `{layer}` wildcards."""
-    d = shape.kv_channels
-    attn = dict(num_heads=shape.num_attention_heads, num_groups=shape.num_key_value_heads, head_dim=d)
-    hl, ml = "model.layers.{layer}.", "decoder.layers.{layer}."
-    table: list[Mapping] = [
-        Direct("embedding.word_embeddings.weight", "model.embed_tokens.weight", 0),
-        Direct(ml + "input_layernorm.weight", hl + "input_layernorm.weight"),
-        QKV(ml + "self_attention.linear_qkv.weight", hl + "self_attn.q_proj.weight",
-            hl + "self_attn.k_proj.weight", hl + "self_attn.v_proj.weight", **attn),
-        Direct(ml + "self_attention.linear_proj.weight", hl + "self_attn.o_proj.weight", 1),
-        Direct(ml + "pre_mlp_layernorm.weight", hl + "post_attention_layernorm.weight"),
-        GatedMLP(ml + "mlp.linear_fc1.weight", hl + "mlp.gate_proj.weight", hl + "mlp.up_proj.weight"),
-        Direct(ml + "mlp.linear_fc2.weight", hl + "mlp.down_proj.weight", 1),
-        Direct("decoder.final_layernorm.weight", "model.norm.weight"),
-    ]
-    if shape.attention_bias:
-        table.append(QKV(ml + "self_attention.linear_qkv.bias", hl + "self_attn.q_proj.bias",
-                         hl + "self_attn.k_proj.bias", hl + "self_attn.v_proj.bias", **attn))
-    if not shape.tie_word_embeddings:
-        table.append(Direct("output_layer.weight", "lm_head.weight", 0))
-    return table
-
-
-def _expand(m: Mapping, layer: int) -> Mapping:
+def at_layer(m: Mapping, layer: int) -> Mapping:
     """A copy of `m` with `{layer}` replaced in every name field."""
     fields = {k: (v.replace(LAYER, str(layer)) if isinstance(v, str) else v) for k, v in m.__dict__.items()}
     return type(m)(**fields)
 
 
-def expand_mappings(shape, ep_rank: int = 0, ep_size: int = 1) -> list[Mapping]:
-    """Every concrete mapping for `shape.num_hidden_layers` layers (table order, layer-major);
-    for a MoE shape only the experts that expert-parallel rank `ep_rank` holds."""
-    if shape.moe is not None:
-        from tandem.convert.moe_mapping import moe_mappings
-
-        return moe_mappings(shape, ep_rank, ep_size)
+def expand(table: list[Mapping], num_layers: int) -> list[Mapping]:
+    """Every concrete mapping of `table` for `num_layers` layers: a wildcard entry becomes one
+    entry per layer, in place (table order, then layer order)."""
     out: list[Mapping] = []
-    for m in llama_family_mappings(shape):
+    for m in table:
         if LAYER in m.megatron:
-            out.extend(_expand(m, i) for i in range(shape.num_hidden_layers))
+            out.extend(at_layer(m, i) for i in range(num_layers))
         else:
             out.append(m)
     return out
