@@ -1,11 +1,28 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory, and one marker per test layer.
+
+Layers (folders; select with `-m`, e.g. `pytest -m "unit or wire"` for the fast ones):
+unit (in-process, pure or one-rank), wire (codec and gRPC edge), services (real service
+processes), multirank (gloo groups of several processes), e2e (whole `tandem run`s).
+tests/helpers holds what several layers share: tiny Hugging Face checkpoints, rank scripts.
+"""
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("unit", "wire", "services", "multirank", "e2e")
+sys.path.insert(0, str(ROOT / "tests" / "helpers"))
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        layer = Path(item.fspath).relative_to(ROOT / "tests").parts[0]
+        if layer not in LAYERS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LAYERS)}}}")
+        item.add_marker(getattr(pytest.mark, layer))
 
 
 def _run_ranks(cmds: list[list[str]], timeout: float) -> list[str]:

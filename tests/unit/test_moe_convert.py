@@ -1,24 +1,20 @@
 """HF <-> megatron conversion of a tiny random Qwen3-MoE built locally (no downloads).
 
-EP=1 in-process (session fixture's 1-rank group); EP=2 and TP=2 in two worker processes over
-gloo (tests/unit/hf_rank_worker.py). Variants: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
+EP=1 in-process (session fixture's 1-rank group); EP=2 and TP=2:
+tests/multirank/test_hf_convert_tp2.py. Variants: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
 every layer MoE) and "plain" (softmax-then-top-k without renormalising, tied embeddings,
 layer 0 a dense MLP via mlp_only_layers).
 """
 import json
 import pathlib
-import sys
 
 import pytest
 import torch
 from hf_test_files import copy_with, hf_tensors, import_hf
+from tiny_hf import MOE_VARIANTS as VARIANTS
 from tiny_hf import tiny_qwen3_moe
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-VARIANTS = {"topk_norm": dict(head_dim=32, norm_topk_prob=True, tie_word_embeddings=False),
-            "plain": dict(norm_topk_prob=False, tie_word_embeddings=True, mlp_only_layers=[0])}
-
-
 @pytest.fixture(scope="module")
 def moe_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("moe")
@@ -75,17 +71,6 @@ def test_round_trip_bit_exact_ep1(megatron_dist, moe_dirs, variant, tmp_path):
     for k in a:
         assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
     assert shape_from_hf_config(AutoConfig.from_pretrained(out)) == shape
-
-
-def test_logits_and_round_trip_ep2_and_tp2(moe_dirs, tmp_path, run_ranks):
-    """EP=2 (each rank holds 2 of the 4 experts, alltoall dispatch over gloo), then TP=2
-    (attention and every expert split over 2 ranks), each against transformers."""
-    worker = [sys.executable, str(ROOT / "tests/unit/hf_rank_worker.py")]
-    for tp, ep in ((1, 2), (2, 1)):
-        args = [str(tp), str(ep), str(tmp_path / f"init{tp}{ep}"), str(tmp_path / f"out{tp}{ep}"),
-                *(str(d) for d in moe_dirs.values())]
-        outs = run_ranks([worker + [str(r)] + args for r in range(2)], timeout=300)
-        assert outs[0].count("bit-exact") == len(moe_dirs), outs[0][-3000:]
 
 
 def test_strict_extra_and_missing_keys(megatron_dist, moe_dirs, tmp_path):

@@ -2,7 +2,7 @@
 tests/unit/test_hf_convert.py (Llama / Qwen2 at TP=2) and test_moe_convert.py (Qwen3-MoE at
 EP=2 and at TP=2).
 
-usage: python tests/unit/hf_rank_worker.py RANK TP EP INIT_FILE OUT_DIR HF_DIR [HF_DIR ...]
+usage: python tests/helpers/hf_rank.py RANK TP EP INIT_FILE OUT_DIR HF_DIR [HF_DIR ...]
 
 World size 2 = TP x DP; experts are split over EP ranks (megatron carves EP out of DP x TP).
 For each checkpoint: load this rank's shard (its experts only at EP=2), run the same tokens

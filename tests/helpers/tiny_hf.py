@@ -1,5 +1,5 @@
 """Tiny random Hugging Face checkpoints built locally with transformers (nothing downloaded),
-shared by the unit and multi-rank tests (tests/ is on sys.path through its conftest.py)."""
+shared by the unit, multi-rank and e2e tests (tests/helpers is on sys.path through tests/conftest.py)."""
 import pathlib
 
 import torch
@@ -9,6 +9,11 @@ DENSE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key
 MOE = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
            intermediate_size=96, moe_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
            max_position_embeddings=64, rms_norm_eps=1e-6, initializer_range=0.1)
+
+# Qwen3-MoE variants the conversion tests cover: "topk_norm" (norm_topk_prob, head_dim != hidden/heads,
+# every layer MoE) and "plain" (softmax-then-top-k without renormalising, tied embeddings, layer 0 dense)
+MOE_VARIANTS = {"topk_norm": dict(head_dim=32, norm_topk_prob=True, tie_word_embeddings=False),
+                "plain": dict(norm_topk_prob=False, tie_word_embeddings=True, mlp_only_layers=[0])}
 
 
 def _save(model, path) -> pathlib.Path:
@@ -24,19 +29,19 @@ def _save(model, path) -> pathlib.Path:
     return pathlib.Path(path)
 
 
-def tiny_llama(path, seed: int = 0) -> pathlib.Path:
+def tiny_llama(path, seed: int = 0, **overrides) -> pathlib.Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    return _save(LlamaForCausalLM(LlamaConfig(**DENSE, tie_word_embeddings=False)), path)
+    return _save(LlamaForCausalLM(LlamaConfig(**{**DENSE, "tie_word_embeddings": False, **overrides})), path)
 
 
-def tiny_qwen2(path, seed: int = 1) -> pathlib.Path:
+def tiny_qwen2(path, seed: int = 1, **overrides) -> pathlib.Path:
     """Qwen2-0.5B style: qkv bias, tied embeddings."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    return _save(Qwen2ForCausalLM(Qwen2Config(**DENSE, tie_word_embeddings=True)), path)
+    return _save(Qwen2ForCausalLM(Qwen2Config(**{**DENSE, "tie_word_embeddings": True, **overrides})), path)
 
 
 def tiny_qwen3_moe(path, seed: int = 0, **overrides) -> pathlib.Path:

@@ -1,6 +1,6 @@
 """One rank of tests/multirank/test_weight_sync.py: tp1_weights at TP x EP over 2 gloo ranks.
 
-usage: python tests/multirank/reshard_rank.py RANK TP EP RENDEZVOUS HF_DIR [HF_DIR ...]
+usage: python tests/helpers/reshard_rank.py RANK TP EP RENDEZVOUS HF_DIR [HF_DIR ...]
 
 For each checkpoint every rank loads its shards and checks that tp1_weights with the default
 buckets, with 4 KiB buckets (many buckets) and on the per-parameter path (bucket_bytes=0) give

@@ -1,7 +1,7 @@
 """The generation engine at TP=2 over gloo (2 processes): greedy equals full recompute,
 both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights.
 
-This file is also the rank script: `python tests/unit/test_generation_tp2.py RANK INIT_FILE OUT_DIR`.
+This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK INIT_FILE OUT_DIR`.
 """
 import os
 import sys

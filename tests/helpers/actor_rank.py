@@ -38,7 +38,7 @@ def fixed_batch(vocab: int, pad_id: int):
     return batch, advantages
 
 
-def main() -> int:
+def parse_args():
     import argparse
 
     p = argparse.ArgumentParser()
@@ -52,74 +52,83 @@ def main() -> int:
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
     p.add_argument("--load-from")
-    a = p.parse_args()
-    rank, world, tp, pp, rdzv, out, tok, sp, load_from = (a.rank, a.world, a.tp, a.pp, a.rdzv, a.out, a.tok,
-                                                          a.sp, a.load_from)
-    from services.actor.front import ActorFront
-    from services.actor.worker import ActorWorker
+    return p.parse_args()
+
+
+def actor_config(a):
     from tandem.config import load_config
-    from tandem.parallel.layout import ParallelConfig, init_distributed
-    from tandem.serving.rank_group import RankGroup
 
     overrides = [
-        f"actor_rollout_ref.model.tokenizer_path={tok}", "actor_rollout_ref.model.init_std=0.1",
-        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={tp}", f"services.actor.world_size={world}",
-        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={pp}",
-        f"actor_rollout_ref.actor.megatron.sequence_parallel={sp}",
+        f"actor_rollout_ref.model.tokenizer_path={a.tok}", "actor_rollout_ref.model.init_std=0.1",
+        f"actor_rollout_ref.actor.megatron.tensor_model_parallel_size={a.tp}", f"services.actor.world_size={a.world}",
+        f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={a.pp}",
+        f"actor_rollout_ref.actor.megatron.sequence_parallel={a.sp}",
         f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={a.ep}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set, *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
-    if pp == 1:
-        cfg = load_config(None, overrides)
-    else:  # the run-level check wants a generation layout for PP > 1; the actor alone runs it
-        from omegaconf import OmegaConf
+    if a.pp == 1:
+        return load_config(None, overrides)
+    # the run-level check wants a generation layout for PP > 1; the actor alone runs it
+    from omegaconf import OmegaConf
 
-        from tandem.config import TandemConfig
+    from tandem.config import TandemConfig
 
-        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TandemConfig),
-                                                  OmegaConf.from_dotlist(overrides)))
-    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, world, f"file://{rdzv}", seed=1)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TandemConfig), OmegaConf.from_dotlist(overrides)))
+
+
+def exercise(actor, a, batch, advantages) -> dict:
+    """Rank 0: load or update, then what the tests compare (log-probs, HF export, TP=1 weights)."""
+    result = {}
+    if a.load_from:
+        actor.load(a.load_from)
+    else:
+        if a.init_from:
+            actor.load(a.init_from)
+        else:
+            actor.save(os.path.join(a.out, "init"))
+        old = actor.compute_log_prob(batch, calculate_entropy=True)
+        train = batch.union(old)
+        train.tensors["advantages"] = advantages
+        result["before"] = old["old_log_probs"]
+        result["metrics"] = actor.update_actor(train)
+    result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
+    if a.pp == 1:  # (HF export gathers TP shards only; a PP run's weights are compared after a reload)
+        actor.export_hf(os.path.join(a.out, "hf"))
+        result["weights"] = actor.export_weights()  # the TP=1 layout a standalone rollout loads
+    if not a.load_from:
+        actor.save(os.path.join(a.out, "ckpt"))
+    return result
+
+
+def main() -> int:
+    a = parse_args()
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tok)
+    from services.actor.front import ActorFront
+    from services.actor.worker import ActorWorker
+    from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.serving.rank_group import RankGroup
+
+    cfg = actor_config(a)
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), a.rank, a.world, f"file://{a.rdzv}",
+                     seed=1)
+    tokenizer = AutoTokenizer.from_pretrained(a.tok)
     worker = ActorWorker(cfg, len(tokenizer))
     norms = [p for n, p in worker.policy.named_parameters() if "layernorm" in n]
-    assert worker.policy.config.sequence_parallel == sp and all(p.sequence_parallel == sp for p in norms)
+    assert worker.policy.config.sequence_parallel == a.sp and all(p.sequence_parallel == a.sp for p in norms)
     group = RankGroup({"actor": worker})
     if not group.is_front:
         group.follow()
         return 0
-    actor = ActorFront(group, worker)
     batch, advantages = fixed_batch(len(tokenizer), tokenizer.pad_token_id)
-    result = {}
     try:
-        if load_from:
-            actor.load(load_from)
-            result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
-            if pp == 1:
-                actor.export_hf(os.path.join(out, "hf"))
-                result["weights"] = actor.export_weights()
-        else:
-            if a.init_from:
-                actor.load(a.init_from)
-            else:
-                actor.save(os.path.join(out, "init"))
-            old = actor.compute_log_prob(batch, calculate_entropy=True)
-            train = batch.union(old)
-            train.tensors["advantages"] = advantages
-            result["before"] = old["old_log_probs"]
-            result["metrics"] = actor.update_actor(train)
-            result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
-            if pp == 1:  # (HF export gathers TP shards only; a PP run's weights are compared after a reload)
-                actor.export_hf(os.path.join(out, "hf"))
-                result["weights"] = actor.export_weights()  # the TP=1 layout a standalone rollout loads
-            actor.save(os.path.join(out, "ckpt"))
+        result = exercise(ActorFront(group, worker), a, batch, advantages)
     finally:
         group.stop()
-    torch.save(result, os.path.join(out, "result.pt"))
+    torch.save(result, os.path.join(a.out, "result.pt"))
     return 0
 
 

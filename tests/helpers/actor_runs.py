@@ -1,4 +1,4 @@
-"""Launching tests/multirank/actor_rank.py at a layout and reading what it wrote; shared by
+"""Launching tests/helpers/actor_rank.py at a layout and reading what it wrote; shared by
 the actor parallel tests."""
 import os
 import sys
