@@ -60,7 +60,9 @@ def run_tandem(overrides: list[str], timeout_s: float = 240) -> tuple[int, str, 
             if time.monotonic() > deadline:
                 raise TimeoutError(f"tandem run did not finish in {timeout_s}s")
             try:
-                children = parent.children(recursive=True)
+                # direct children only: a service's own short-lived forks carry its command
+                # line until they exec, and would count as a second process of that role
+                children = parent.children(recursive=False)
             except psutil.NoSuchProcess:
                 break
             for child in children:
