@@ -3,7 +3,7 @@
 One run, one machine:
 
   gRPC     the real services (actor, colocated: it also serves RolloutService; reward),
-           started by controller.launcher as `tandem run` starts them, driven through
+           started by the controller's local launcher as `tandem run` starts them, driven through
            controller.step.ppo_step with the real clients;
   inproc   the same workers built in this process (ActorWorker, a RolloutWorker on the
            actor's policy, RewardWorker), behind small async adapters with the clients'
@@ -44,11 +44,13 @@ import grpc
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from controller import launcher  # noqa: E402
-from controller.clients import ActorClient, RewardClient, RolloutClient  # noqa: E402
 from controller.data import Cursor, collate, load_examples  # noqa: E402
-from controller.loop import make_kl_ctrl, needed_roles, prepare_run_dir  # noqa: E402
-from controller.step import Roles, ppo_step  # noqa: E402
+from controller.launchers import LaunchContext, endpoints  # noqa: E402
+from controller.launchers.local import LocalLauncher  # noqa: E402
+from controller.roles import Roles, connect, needed_roles  # noqa: E402
+from controller.run_dir import create_run_dir  # noqa: E402
+from controller.step import StepContext, ppo_step  # noqa: E402
+from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.config import load_config  # noqa: E402
 from tandem.data import codec  # noqa: E402
 from tandem.data.batch import DataProto  # noqa: E402
@@ -168,11 +170,11 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # ---- the measurement ------------------------------------------------------------------------
 
-async def run_step(roles, prompts, cfg, kl_ctrl, tokenizer, step, clients=()):
-    for c in clients:
-        c.set_metadata(x_step=step)
+async def run_step(ctx: StepContext, prompts, step: int, grpc: bool):
+    if grpc:
+        ctx.roles.set_step(step)
     t0 = time.perf_counter()
-    m = await ppo_step(roles, prompts, cfg, kl_ctrl, tokenizer, step)
+    m = await ppo_step(ctx, prompts, step)
     return time.perf_counter() - t0, m
 
 
@@ -191,34 +193,30 @@ async def measure(cfg, run_dir, blocks: int, steps: int, on_loop: bool) -> dict:
     if set(roles) != {"actor", "reward"}:
         raise SystemExit(f"step_overhead: only the colocated GRPO roles (actor, reward) are supported; "
                          f"this config needs {roles}")
-    s = cfg.services
-    procs = launcher.start(roles, os.path.join(run_dir, "config.yaml"), run_dir, run_id,
-                           {r: getattr(s, r).endpoint for r in roles})
-    clients = []
+    s, k = cfg.services, cfg.algorithm.kl_ctrl
+    launcher = LocalLauncher(LaunchContext(os.path.join(run_dir, "config.yaml"), run_dir, run_id,
+                                           s.startup_timeout_s))
+    started = asyncio.create_task(endpoints(launcher, roles, {r: getattr(s, r).endpoint for r in roles}))
+    await asyncio.sleep(0)  # start() spawns the services before its first wait
+    grpc_roles = None
     recorder = CodecRecorder()
     try:
         t0 = time.perf_counter()
         inproc = build_inproc(cfg, tokenizer, on_loop)  # while the services start
         t_build = time.perf_counter() - t0
-        await launcher.wait_ready(procs, run_dir, s.startup_timeout_s)
-        kw = dict(timeout_s=s.rpc_timeout_s, metadata={"x-run-id": run_id})
-        clients = [ActorClient(procs.endpoints["actor"], **kw), RolloutClient(procs.endpoints["actor"], **kw),
-                   RewardClient(procs.endpoints["reward"], **kw)]
-        for c in clients:
-            await c.wait_healthy(timeout_s=s.startup_timeout_s)
-        grpc_roles = Roles(actor=clients[0], rollout=clients[1], reward=clients[2])
-        modes = {"grpc": (grpc_roles, clients), "inproc": (inproc, ())}
-        kl = {m: make_kl_ctrl(cfg) for m in modes}
+        grpc_roles = await connect(cfg, await started, run_id)
+        modes = {m: StepContext(r, cfg, tokenizer, get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon))
+                 for m, r in (("grpc", grpc_roles), ("inproc", inproc))}
         times = {m: [] for m in modes}
         metrics = {m: [] for m in modes}
-        for m, (r, cl) in modes.items():  # warm-up: prompts[0], step 0
-            await run_step(r, prompts[0], cfg, kl[m], tokenizer, 0, cl)
+        for m, ctx in modes.items():  # warm-up: prompts[0], step 0
+            await run_step(ctx, prompts[0], 0, m == "grpc")
         for b in range(blocks):
-            for m, (r, cl) in modes.items():
+            for m, ctx in modes.items():
                 recorder.on = m == "grpc"
                 for j in range(steps):
                     i = 1 + b * steps + j
-                    dt, met = await run_step(r, prompts[i], cfg, kl[m], tokenizer, i, cl)
+                    dt, met = await run_step(ctx, prompts[i], i, m == "grpc")
                     times[m].append(dt)
                     metrics[m].append(met)
                 recorder.on = False
@@ -226,9 +224,10 @@ async def measure(cfg, run_dir, blocks: int, steps: int, on_loop: bool) -> dict:
         trips = [codec_trip_s(bt) for bt in recorder.batches]
     finally:
         recorder.restore()
-        for c in clients:
-            await c.close()
-        launcher.stop(procs)
+        started.cancel()  # still waiting if something above failed first
+        if grpc_roles is not None:
+            await grpc_roles.close()
+        launcher.stop()
     return {"times": times, "metrics": metrics, "trips": trips, "t_build": t_build,
             "rows": len(prompts[0]) * cfg.actor_rollout_ref.rollout.n}
 
@@ -314,7 +313,7 @@ def main(argv=None) -> int:
     cfg = load_config(None, [f"trainer.default_local_dir={tmp}", "trainer.experiment_name=step_overhead",
                              *overrides])
     try:
-        cfg, run_dir = prepare_run_dir(cfg)
+        cfg, run_dir = create_run_dir(cfg)
         res = asyncio.run(measure(cfg, run_dir, a.blocks, a.steps, a.on_loop))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 With no arguments it runs the built-in default: SFT warm start then GRPO on the
 character-level arithmetic task, on CPU, printing held-out accuracy before and after RL.
+Deliberately not here: the run itself (controller/run.py); this file parses and prints.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
     configure_logging(role="controller", level="WARNING")
-    from controller.loop import run
+    from controller.run import run
 
     try:
         summary = asyncio.run(run(cfg))

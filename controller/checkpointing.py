@@ -5,6 +5,9 @@ A checkpoint is `<run_dir>/checkpoints/global_step_N/` with `actor/` and `critic
 (megatron dist_checkpointing directories, resharded on load) and `controller_state.json`
 (step, data cursor, KL controller, accuracy after SFT), written last and atomically: a
 directory without it is incomplete and never resumed from.
+
+Deliberately not here: what the controller state holds (the Run's Stateful parts,
+controller/run.py); this module writes and reads the dict it is given.
 """
 from __future__ import annotations
 
@@ -24,14 +27,16 @@ def step_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, "checkpoints", f"global_step_{step}")
 
 
-async def save(roles, run_dir: str, step: int, state: dict) -> str:
-    ckpt = step_dir(run_dir, step)
+async def save(roles, run_dir: str, state: dict) -> str:
+    """Actor and critic, then `state` (the controller's, `global_step` included) as
+    controller_state.json -> the checkpoint directory."""
+    ckpt = step_dir(run_dir, state["global_step"])
     await roles.actor.save_checkpoint(os.path.join(ckpt, "actor"))
     if roles.critic is not None:
         await roles.critic.save_checkpoint(os.path.join(ckpt, "critic"))
     tmp = os.path.join(ckpt, STATE_FILE + ".tmp")
     with open(tmp, "w") as f:
-        json.dump(dict(state, global_step=step), f)
+        json.dump(state, f)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(ckpt, STATE_FILE))

@@ -1,4 +1,9 @@
-"""Typed async clients for the four roles: DataProto in, DataProto / metrics out."""
+"""Typed async clients for the four roles: DataProto in, DataProto / metrics out.
+
+The only controller file that knows the generated tandem.v1 messages. Deliberately not
+here: which services a run has and how they are reached (controller/roles.py), retries and
+error mapping (tandem/rpc/client.py).
+"""
 from __future__ import annotations
 
 from tandem.data import codec

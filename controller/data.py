@@ -3,6 +3,8 @@
 Columns: `prompt` (chat messages), `data_source`, `reward_model.ground_truth`,
 `extra_info`. A tokenizer with a chat template renders the messages with it; one
 without (the built-in character tokenizer) takes the messages' contents as the text.
+Deliberately not here: writing the built-in task's files (tandem/tasks/), SFT targets
+(controller/sft.py).
 """
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 The target is each row's `extra_info.answer` when it has one (verl's gsm8k rows: the
 solution ending in `#### N`), else `reward_model.ground_truth` (the built-in task's
 answer format), followed by EOS. Rows are right-padded; loss_mask marks the answer tokens.
+Deliberately not here: the loss and optimizer (the actor service's TrainSft), when SFT runs
+(the warm start in controller/run.py).
 """
 from __future__ import annotations
 

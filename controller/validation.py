@@ -11,6 +11,8 @@ Two passes over the validation prompts, both scored by the reward service:
   else (std@N, worst@k, smaller k) under `val-aux/`. With sampling on, the greedy
   per-source mean is logged as `val-aux/{data_source}/reward_greedy/mean@1`.
 
+`greedy_accuracy` is the greedy pass alone (the initial policy's accuracy, before SFT).
+
 best@k, worst@k and maj@k are bootstrap estimates (1000 resamples of k of the N
 responses, fixed seed), as in verl. Deliberately not here: pass@k estimators, logging
 validation generations.
@@ -25,7 +27,7 @@ import numpy as np
 import torch
 
 from controller.data import Example, collate
-from controller.step import decode_responses, score
+from controller.scoring import decode_responses, score
 from tandem.algos import metrics as M
 
 N_BOOTSTRAP = 1000
@@ -143,6 +145,12 @@ async def _generate_scored(rollout, reward, examples: list[Example], tokenizer, 
         scores.append(await score(reward, gen, tokenizer))
         texts.extend(decode_responses(gen, tokenizer))
     return torch.cat(scores), texts
+
+
+async def greedy_accuracy(rollout, reward, examples: list[Example], tokenizer, max_new_tokens: int) -> float:
+    """Mean score of one greedy response per prompt (the initial policy's accuracy)."""
+    scores, _ = await _generate_scored(rollout, reward, examples, tokenizer, max_new_tokens, n=1, greedy=True)
+    return float(scores.mean())
 
 
 async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: int) -> dict[str, float]:

@@ -2,7 +2,7 @@
 
 actor (colocated: it also serves RolloutService), reward, critic from the run's
 config.yaml, and a standalone rollout from a copy with rollout.mode=standalone, all
-started together (one process each) by the controller's launcher, as `tandem run` does.
+started together (one process each) by the controller's local launcher, as `tandem run` does.
 """
 import asyncio
 import os
@@ -53,8 +53,9 @@ class Services:
 def services(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from controller import launcher
-    from controller.loop import prepare_run_dir
+    from controller.launchers import LaunchContext
+    from controller.launchers.local import LocalLauncher
+    from controller.run_dir import create_run_dir
     from tandem.config import load_config, to_yaml
     from tandem.models.shape_from_config import padded_vocab_size
 
@@ -69,7 +70,7 @@ def services(tmp_path_factory):
         "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
         "services.actor.torch_threads=1",
         "services.actor.world_size=2"])  # the actor as two DP ranks: bad input must leave every rank intact
-    cfg, run_dir = prepare_run_dir(cfg)
+    cfg, run_dir = create_run_dir(cfg)
     run_id = os.path.basename(run_dir)
     standalone = replace(cfg, actor_rollout_ref=replace(
         cfg.actor_rollout_ref, rollout=replace(cfg.actor_rollout_ref.rollout, mode="standalone")))
@@ -77,19 +78,25 @@ def services(tmp_path_factory):
     with open(standalone_yaml, "w") as f:
         f.write(to_yaml(standalone))
 
-    # all four start in parallel (Popen does not wait); then wait for their port files
-    procs = launcher.start(["actor", "reward", "critic"], os.path.join(run_dir, "config.yaml"), run_dir, run_id, {})
-    more = launcher.start(["rollout"], standalone_yaml, run_dir, run_id, {})
-    procs.processes.update(more.processes)
-    procs.logs.update(more.logs)
+    # two launchers (two config files); all four services start in parallel
+    launchers = [LocalLauncher(LaunchContext(path, run_dir, run_id, startup_timeout_s=180))
+                 for path in (os.path.join(run_dir, "config.yaml"), standalone_yaml)]
+
+    async def start() -> dict:
+        main, standalone = await asyncio.gather(launchers[0].start(["actor", "reward", "critic"]),
+                                                launchers[1].start(["rollout"]))
+        return {**main, **standalone}
+
     try:
-        asyncio.run(launcher.wait_ready(procs, run_dir, timeout_s=180))
+        endpoints = asyncio.run(start())
         tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
-        yield Services(cfg, run_dir, run_id, dict(procs.endpoints), tok, padded_vocab_size(len(tok)))
+        yield Services(cfg, run_dir, run_id, endpoints, tok, padded_vocab_size(len(tok)))
     finally:
-        launcher.stop(procs)
-    for role, proc in procs.processes.items():
-        assert proc.returncode is not None, f"{role} service still running"
+        for launcher in launchers:
+            launcher.stop()
+    for launcher in launchers:
+        for role, proc in launcher.processes.items():
+            assert proc.returncode is not None, f"{role} service still running"
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def test_the_scan_sees_imports():
     """The scanner itself works (else every rule below would pass vacuously)."""
     assert "tandem.v1.actor_pb2" in imported_modules(ROOT / "services/actor/servicer.py")
     assert "services.actor.worker" in imported_modules(ROOT / "services/actor/hybrid.py")
-    assert "controller.launcher" in imported_modules(ROOT / "controller/loop.py")
+    assert "controller.launchers" in imported_modules(ROOT / "controller/run.py")
     assert len(source_files("services")) >= 10 and len(source_files("tandem")) >= 30
 
 
@@ -82,10 +82,11 @@ def megatron_modules_after(imports: str) -> list[str]:
 
 
 def test_controller_does_not_load_megatron():
-    loaded = megatron_modules_after("import controller.loop, controller.step, controller.__main__")
+    loaded = megatron_modules_after("import controller.run, controller.step, controller.launchers.local, "
+                                    "controller.__main__")
     assert loaded == [], f"importing the controller loaded {loaded[:10]}"
     # control: the same check does see megatron once something loads it
-    assert "megatron.core" in megatron_modules_after("import controller.loop, megatron.core")
+    assert "megatron.core" in megatron_modules_after("import controller.run, megatron.core")
 
 
 def test_services_do_not_import_each_other():

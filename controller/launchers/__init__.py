@@ -1,0 +1,73 @@
+"""How the controller gets its services: the `Launcher` interface and the registry of launchers.
+
+A launcher starts the service processes a run needs, waits until each one serves, and
+returns their endpoints; at the end it stops them. The controller talks to this interface
+only, so where the services run (local processes today; containers or Ray actors later)
+is one file under controller/launchers/ plus one line in `LAUNCHERS`.
+
+Services given an endpoint in the config (`services.<role>.endpoint`) are attached to,
+whatever the launcher: `endpoints` asks the launcher only for the others.
+
+Deliberately not here: the clients that talk to the services (controller/roles.py), and a
+config key choosing the launcher (the run uses `DEFAULT_LAUNCHER` for now).
+"""
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    """What every launcher needs to start a run's services."""
+
+    config_path: str  # the run's resolved config.yaml; every service starts from it
+    run_dir: str  # logs/<role>.log go under it
+    run_id: str  # each service tags its logs with it
+    startup_timeout_s: float  # how long a service may take to report SERVING
+
+
+class Launcher(ABC):
+    """Starts a run's services and stops them. One instance per run (or per config file)."""
+
+    def __init__(self, ctx: LaunchContext):
+        self.ctx = ctx
+
+    @abstractmethod
+    async def start(self, roles: Sequence[str]) -> dict[str, str]:
+        """Start a service for each role and wait until all serve -> {role: "host:port"}.
+
+        Raises (after which `stop` still cleans up what was started) when a service exits
+        while starting or is not serving within `ctx.startup_timeout_s`."""
+
+    @abstractmethod
+    def stop(self) -> None:
+        """Stop every service this launcher started (gracefully, then by force). Safe to call twice."""
+
+    async def restart(self, role: str) -> str:
+        """Start `role` again after it died -> its new endpoint (crash recovery: not yet)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot restart the {role} service yet")
+
+
+# name -> "module:class", imported only when picked
+LAUNCHERS: dict[str, str] = {
+    "local": "controller.launchers.local:LocalLauncher",
+}
+DEFAULT_LAUNCHER = "local"
+
+
+def get_launcher(name: str) -> type[Launcher]:
+    """The launcher class registered as `name`; ValueError naming the known ones otherwise."""
+    if name not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {name!r}; known launchers: {sorted(LAUNCHERS)}")
+    module, _, cls = LAUNCHERS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+async def endpoints(launcher: Launcher, roles: Sequence[str],
+                    attach: Mapping[str, str | None]) -> dict[str, str]:
+    """{role: endpoint} for `roles`: `attach[role]` where given, else started by `launcher`."""
+    started = await launcher.start([r for r in roles if not attach.get(r)])
+    return {r: attach.get(r) or started[r] for r in roles}

@@ -1,0 +1,100 @@
+"""The local launcher: each service a child process on this machine (what `tandem run` uses).
+
+A service is started as `python -m services.<role> --config RUN/config.yaml --port-file
+RUN/logs/<role>.port --run-id ID`; it binds a free port and writes it to the port file
+once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
+session, so Ctrl-C reaches only the controller, which then stops them.
+
+Deliberately not here: attaching to running services (controller/launchers/__init__.py
+leaves those roles out), health checks over gRPC (the clients wait for those), restarts.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from controller.launchers import LaunchContext, Launcher
+from tandem.logging import get_logger
+
+_log = get_logger("controller.launchers.local")
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class LocalLauncher(Launcher):
+    """Services as child processes; endpoints on 127.0.0.1."""
+
+    def __init__(self, ctx: LaunchContext):
+        super().__init__(ctx)
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, str] = {}
+        self._logs_dir = os.path.join(ctx.run_dir, "logs")
+
+    async def start(self, roles: Sequence[str]) -> dict[str, str]:
+        os.makedirs(self._logs_dir, exist_ok=True)
+        for role in roles:  # all spawned before the first wait, so they start in parallel
+            self._spawn(role)
+        return await self._wait_ready(list(roles))
+
+    def _port_file(self, role: str) -> str:
+        return os.path.join(self._logs_dir, f"{role}.port")
+
+    def _spawn(self, role: str) -> None:
+        port_file = self._port_file(role)
+        if os.path.exists(port_file):
+            os.unlink(port_file)
+        log_path = os.path.join(self._logs_dir, f"{role}.log")
+        cmd = [sys.executable, "-m", f"services.{role}", "--config", self.ctx.config_path,
+               "--port-file", port_file, "--run-id", self.ctx.run_id]
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::UserWarning")
+        with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
+            self.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                                    start_new_session=True)  # Ctrl-C reaches us only
+        self.logs[role] = log_path
+        _log.info("service.started", role=role, pid=self.processes[role].pid, log=log_path)
+
+    async def _wait_ready(self, roles: list[str]) -> dict[str, str]:
+        """Wait for each role's port file; fail fast if one exits."""
+        deadline = time.monotonic() + self.ctx.startup_timeout_s
+        endpoints: dict[str, str] = {}
+        pending = set(roles)
+        while pending:
+            for role in list(pending):
+                proc, port_file = self.processes[role], self._port_file(role)
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
+                                       f"last lines of {self.logs[role]}:\n{_tail(self.logs[role])}")
+                if os.path.exists(port_file):
+                    with open(port_file) as f:
+                        endpoints[role] = f"127.0.0.1:{int(f.read().strip())}"
+                    pending.discard(role)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"services {sorted(pending)} not serving after "
+                                   f"{self.ctx.startup_timeout_s:g}s; see {self._logs_dir}")
+            await asyncio.sleep(0.2)
+        return endpoints
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM every started service, then SIGKILL what is left after the grace period."""
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for role, proc in self.processes.items():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _log.warning("service.kill", role=role, pid=proc.pid)
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,59 @@
+"""A run's directory: created for a fresh run, reopened for a resumed one.
+
+A fresh run gets `<trainer.default_local_dir>/<experiment>-<time>-<4 hex>/` with the
+resolved `config.yaml` every service starts from, and the built-in task's tokenizer and
+data when the config names none. A resumed run takes the interrupted run's own directory
+and config (its tokenizer, data and shapes), with this command's step count and resume keys.
+
+Deliberately not here: what goes in the directory later (metrics, logs, checkpoints,
+summary: controller/run.py and the modules it calls), finding the checkpoint to resume
+from (controller/checkpointing.py).
+"""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import replace
+
+from controller import checkpointing
+from tandem.config import TandemConfig, load_config, to_yaml
+
+CONFIG_FILE = "config.yaml"
+
+
+def create_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
+    """Create the run directory; materialise the built-in tokenizer and data when used
+    -> (the config with their paths filled in, the directory)."""
+    t = cfg.trainer
+    run_id = f"{t.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_dir = os.path.abspath(os.path.join(t.default_local_dir, run_id))
+    os.makedirs(run_dir)
+    model = cfg.actor_rollout_ref.model
+    if model.tokenizer_path is None and model.path is not None:
+        model = replace(model, tokenizer_path=model.path)
+    if model.tokenizer_path is None:
+        from tandem.tasks.arithmetic import build_tokenizer
+
+        model = replace(model, tokenizer_path=build_tokenizer(os.path.join(run_dir, "tokenizer")))
+    data = cfg.data
+    if data.train_files is None:
+        from tandem.tasks.arithmetic import write_dataset
+
+        train, val = write_dataset(os.path.join(run_dir, "data"), data.builtin_train_size,
+                                   data.builtin_val_size, data.seed)
+        data = replace(data, train_files=train, val_files=val)
+    cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
+    with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:
+        f.write(to_yaml(cfg))
+    return cfg, run_dir
+
+
+def reopen_run_dir(cfg: TandemConfig, ckpt: str) -> tuple[TandemConfig, str]:
+    """The interrupted run's own config, with this command's step count and resume keys
+    (a resumed run may be extended) -> (that config, its directory)."""
+    run_dir = checkpointing.run_dir_of(ckpt)
+    saved = load_config(os.path.join(run_dir, CONFIG_FILE))
+    trainer = replace(saved.trainer, total_training_steps=cfg.trainer.total_training_steps,
+                      resume_mode=cfg.trainer.resume_mode, resume_from_path=cfg.trainer.resume_from_path)
+    return replace(saved, trainer=trainer), run_dir

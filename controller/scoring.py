@@ -1,0 +1,61 @@
+"""From generated rows to rewards: decode, score on the reward service, shape, place on tokens.
+
+`score` sends the decoded responses with their `ground_truth` and `data_source` to the
+reward service ([B] floats, the verifier's score). `shaped_scores` adds DAPO's overlong
+penalty when `reward_model.overlong_buffer.enable`; `token_level` puts a row's outcome
+reward on its last response token, the place the advantage estimators and the KL
+penalty expect it. `reward_metrics` logs what shaping and ReMax baselines did.
+
+Deliberately not here: generating (controller/step.py), choosing rows (controller/dapo.py),
+the verifiers themselves (services/reward/), advantages and KL (tandem/algos/).
+"""
+from __future__ import annotations
+
+import torch
+
+from tandem.algos import dapo as dapo_algos
+from tandem.algos import metrics as M
+from tandem.config import TandemConfig
+from tandem.data.batch import DataProto
+
+
+def decode_responses(gen: DataProto, tokenizer) -> list[str]:
+    """Each row's response tokens (masked ones left out) as text, special tokens skipped."""
+    rows = [r[m.bool()].tolist() for r, m in zip(gen["responses"], gen["response_mask"])]
+    return tokenizer.batch_decode(rows, skip_special_tokens=True)
+
+
+async def score(reward, gen: DataProto, tokenizer) -> torch.Tensor:
+    """The reward service's score of each generated row -> [B] float32."""
+    batch = DataProto(columns={"response_text": decode_responses(gen, tokenizer),
+                               "ground_truth": gen["ground_truth"], "data_source": gen["data_source"]})
+    return torch.tensor(await reward.score(batch), dtype=torch.float32)
+
+
+def shaped_scores(scores: torch.Tensor, response_mask: torch.Tensor, cfg: TandemConfig) -> torch.Tensor:
+    """Scores plus DAPO's overlong penalty when reward_model.overlong_buffer is enabled."""
+    ob = cfg.reward_model.overlong_buffer
+    if not ob.enable:
+        return scores
+    return scores + dapo_algos.compute_overlong_penalty(
+        response_mask.sum(-1), cfg.data.max_response_length, ob.len, ob.penalty_factor)
+
+
+def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Outcome reward on each row's last response token: [B] -> [B, R]."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    out[torch.arange(len(scores)), last] = scores
+    return out
+
+
+def reward_metrics(gen: DataProto, cfg: TandemConfig) -> dict[str, float]:
+    """Overlong shaping (mean penalty, share of rows penalised) and the ReMax baseline mean."""
+    out = {}
+    if cfg.reward_model.overlong_buffer.enable:
+        penalty = gen["seq_reward"] - gen["acc"]
+        out[M.CRITIC_OVERLONG_REWARD_MEAN] = float(penalty.mean())
+        out[M.CRITIC_OVERLONG_FRAC] = float((penalty < 0).float().mean())
+    if "reward_baselines" in gen.tensors:
+        out[M.REWARD_BASELINE_MEAN] = float(gen["reward_baselines"].mean())
+    return out
