@@ -21,6 +21,7 @@ from tandem.algos.advantages import (
     compute_rloo_outcome_advantage,
     get_adv_estimator,
     register_adv_estimator,
+    uses_group_ids,
 )
 from tandem.algos.aggregate import (
     LOSS_AGG_MODES,
@@ -40,6 +41,7 @@ from tandem.algos.kl import (
     kl_penalty,
 )
 from tandem.algos.losses import (
+    POLICY_LOSS_MODES,
     compute_entropy_from_logits,
     compute_gspo_policy_loss,
     compute_policy_loss,
@@ -54,6 +56,7 @@ __all__ = [
     "DEFINITIONS",
     "KL_PENALTY_TYPES",
     "LOSS_AGG_MODES",
+    "POLICY_LOSS_MODES",
     "AdaptiveKLController",
     "FixedKLController",
     "agg_loss",
@@ -82,5 +85,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "register_adv_estimator",
+    "uses_group_ids",
     "varied_group_mask",
 ]

@@ -55,6 +55,12 @@ def get_adv_estimator(name: str) -> Callable[..., tuple[torch.Tensor, torch.Tens
     return ADV_ESTIMATORS[name]
 
 
+def uses_group_ids(name: str) -> bool:
+    """Whether estimator ``name`` takes group ids (``index``): its baseline comes from the other
+    samples of the same prompt, so it needs at least two per prompt (a group of one has none)."""
+    return "index" in inspect.signature(get_adv_estimator(name)).parameters
+
+
 def compute_advantage(adv_estimator: str, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Call the estimator ``adv_estimator`` with the subset of ``inputs`` it accepts.
 

@@ -17,6 +17,10 @@ import torch
 from tandem.algos.aggregate import agg_loss, masked_mean
 from tandem.algos.kl import kl_penalty
 
+# actor_rollout_ref.actor.policy_loss.loss_mode: "vanilla" is compute_policy_loss (token-level
+# ratio), "gspo" compute_gspo_policy_loss (sequence-level ratio); tandem/train/losses.py dispatches.
+POLICY_LOSS_MODES: tuple[str, ...] = ("vanilla", "gspo")
+
 # log-ratios are clamped to this range before exp(), as in verl.
 _LOG_RATIO_CLAMP = 20.0
 

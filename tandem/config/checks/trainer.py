@@ -1,0 +1,38 @@
+"""Checks of the data and trainer sections: batch and length bounds, steps, resume, checkpoints, loggers.
+
+DAPO's data.gen_batch_size is checked with the rest of DAPO in algorithm.py.
+"""
+from __future__ import annotations
+
+from tandem.config.errors import check
+from tandem.config.schema import TandemConfig
+
+# trainer.logger: the sinks of controller/tracking.py (KNOWN_LOGGERS). The library does not import the
+# controller; tests/unit/test_config_checks.py keeps the two equal.
+LOGGERS = ("console", "jsonl", "tensorboard")
+# trainer.resume_mode: start fresh, the latest checkpoint of this experiment, or trainer.resume_from_path.
+RESUME_MODES = ("disable", "auto", "resume_path")
+
+
+def check_data(cfg: TandemConfig) -> None:
+    """data.train_batch_size and data.max_response_length are at least 1."""
+    d = cfg.data
+    check(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
+    check(d.max_response_length >= 1, "data.max_response_length", "must be >= 1")
+
+
+def check_trainer(cfg: TandemConfig) -> None:
+    """trainer.*: resume mode and path, save and step counts."""
+    t = cfg.trainer
+    check(t.resume_mode in RESUME_MODES, "trainer.resume_mode", f"{t.resume_mode!r}; known: {sorted(RESUME_MODES)}")
+    check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
+          "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
+    check(t.save_freq >= 0, "trainer.save_freq", "must be >= 0")
+    check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
+
+
+def check_loggers(cfg: TandemConfig) -> None:
+    """trainer.logger names known sinks only."""
+    t = cfg.trainer
+    unknown = set(t.logger) - set(LOGGERS)
+    check(not unknown, "trainer.logger", f"unknown {sorted(unknown)}; known: {', '.join(LOGGERS)}")

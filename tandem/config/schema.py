@@ -1,0 +1,233 @@
+"""The run's configuration schema: one dataclass per section, verl's key names.
+
+Keys, defaults and the comment after each field are the reference for what a key means (the
+README's Configuration table summarises them). Loading and merging are in load.py; value checks
+in checks/ and model_file.py. Nothing here reads files or checks values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = None  # Hugging Face directory (Llama / Qwen2); None = the built-in shape below
+    tokenizer_path: Optional[str] = None  # None = model.path, or the built-in character tokenizer
+    hidden_size: int = 64
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 256
+    max_position_embeddings: int = 32
+    rope_theta: float = 10000.0
+    init_std: float = 0.02
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    clip_grad: float = 1.0
+    lr_warmup_steps: int = 0
+
+
+@dataclass
+class MegatronConfig:
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1  # megatron-core's pipeline schedules (gloo p2p on CPU)
+    use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
+    sequence_parallel: bool = False  # split norms/activations along the sequence over TP (needs TP > 1)
+    expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP (expert TP = TP)
+    dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
+    seed: int = 1
+    # verl's key; only the MoE router load-balancing loss is read from it (model_file.OVERRIDE_KEYS)
+    override_transformer_config: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"  # vanilla: token-level clipped PPO; gspo: sequence-level ratio
+
+
+@dataclass
+class ActorConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-4, lr_warmup_steps=10))
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ppo_mini_batch_size: int = 128  # prompts per optimizer step (x rollout.n rows)
+    ppo_micro_batch_size_per_gpu: int = 256  # rows per forward/backward
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    clip_ratio: float = 0.2
+    clip_ratio_low: Optional[float] = None
+    clip_ratio_high: Optional[float] = None
+    clip_ratio_c: float = 3.0
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    loss_agg_mode: str = "token-mean"
+    tis_imp_ratio_cap: float = -1.0  # truncated IS with the rollout log-probs: weight min(ratio, cap); <= 0 = off
+    # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only;
+    # tandem/models/compile.py). CPU runs stay eager.
+    use_torch_compile: bool = True
+
+
+@dataclass
+class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollout.val_kwargs)
+    n: int = 1
+    do_sample: bool = False  # False = greedy (then n must be 1)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+
+
+@dataclass
+class RolloutConfig:
+    mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off (verl)
+    max_batch_size: int = 512  # rows decoded together
+    free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
+    # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
+    # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
+    # (tandem/rollout/replica.py). A standalone rollout is always TP=1.
+    tensor_model_parallel_size: int | None = None
+    val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 64
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+@dataclass
+class CriticConfig:
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-3))
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    ppo_mini_batch_size: int = 16
+    ppo_micro_batch_size_per_gpu: int = 64
+    ppo_epochs: int = 1
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    init_from_policy: bool = True  # trunk from the (SFT) policy, fresh value head
+    use_torch_compile: bool = True  # as actor_rollout_ref.actor.use_torch_compile
+
+
+@dataclass
+class OverlongBufferConfig:  # DAPO overlong reward shaping (verl: reward_model.overlong_buffer)
+    enable: bool = False
+    len: int = 0  # the last `len` tokens before data.max_response_length are penalised linearly
+    penalty_factor: float = 1.0
+    log: bool = False  # accepted for verl parity; the metrics are always logged
+
+
+@dataclass
+class RewardModelConfig:
+    default_rule: str = "arithmetic"  # rule for rows whose data_source names no rule
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+
+
+@dataclass
+class KLCtrlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    target_kl: float = 0.1
+    horizon: int = 10000
+
+
+@dataclass
+class FilterGroupsConfig:  # DAPO dynamic sampling (verl: algorithm.filter_groups)
+    enable: bool = False
+    metric: str = "acc"  # acc (verifier score), score / seq_reward (after overlong shaping)
+    max_num_gen_batches: int = 10  # <= 0: no bound
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLCtrlConfig = field(default_factory=KLCtrlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+@dataclass
+class DataConfig:
+    train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
+    val_files: Optional[str] = None
+    train_batch_size: int = 128  # prompts per step
+    gen_batch_size: Optional[int] = None  # prompts per generation round with filter_groups (None = train_batch_size)
+    max_prompt_length: int = 16
+    max_response_length: int = 6
+    shuffle: bool = True
+    seed: int = 1
+    builtin_train_size: int = 20000
+    builtin_val_size: int = 256
+
+
+@dataclass
+class SftConfig:
+    total_steps: int = 1200  # 0 = no SFT warm start
+    batch_size: int = 128
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    data_seed: int = 7
+
+
+@dataclass
+class TrainerConfig:
+    project_name: str = "tandem"
+    experiment_name: str = "arithmetic_grpo"
+    total_training_steps: int = 120
+    default_local_dir: str = "runs"
+    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    test_freq: int = 40  # validate every N steps (0 = only before and after RL)
+    save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
+    resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
+    resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
+    seed: int = 1
+    sft: SftConfig = field(default_factory=SftConfig)
+
+
+@dataclass
+class ServiceEndpoint:
+    endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
+    torch_threads: int = 1
+    world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+
+
+@dataclass
+class ServicesConfig:
+    actor: ServiceEndpoint = field(default_factory=lambda: ServiceEndpoint(torch_threads=2))
+    rollout: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
+    startup_timeout_s: float = 180.0
+    rpc_timeout_s: float = 600.0
+
+
+@dataclass
+class TandemConfig:
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    services: ServicesConfig = field(default_factory=ServicesConfig)
