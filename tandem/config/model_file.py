@@ -1,21 +1,20 @@
 """Checks and values that read the model's config.json (actor_rollout_ref.model.path).
 
-Attention heads and routed experts come from the file when there is one, else from the built-in
-shape (actor_rollout_ref.model.*); the MoE router load-balancing loss is decided here from the
-file and megatron.override_transformer_config. A bad model.path is reported by check_model; the
-other readers treat it as the built-in shape so that they do not report it again.
-
-Deliberately not here (for now): the model families. tandem.models reads the same file to build
-the model; these readers are to be wired to its registry, and the config package imports nothing
-from tandem but tandem.algos.
+The file is read and turned into a model shape by the model-family registry
+(tandem/models/registry.py), the same code the services build the model with: an architecture
+Tandem cannot load is a config error before anything starts, and attention heads and routed
+experts come from that shape (else from the built-in shape, actor_rollout_ref.model.*). The MoE
+router load-balancing loss is decided here from the file and megatron.override_transformer_config.
+A bad model.path is reported by check_model; the other readers treat it as the built-in shape so
+that they do not report it again.
 """
 from __future__ import annotations
 
-import json
 import os
 
-from tandem.config.errors import check
+from tandem.config.errors import ConfigError, check
 from tandem.config.schema import MegatronConfig, ModelConfig, TandemConfig
+from tandem.models import registry
 
 # The override_transformer_config keys Tandem reads (verl passes any TransformerConfig field through;
 # here the layer spec and numerics are fixed by the model, so other keys are refused, not ignored).
@@ -27,23 +26,29 @@ def hf_config(model: ModelConfig) -> dict | None:
     """model.path's config.json, or None for the built-in shape (a bad path is reported on its own)."""
     if model.path is None or not os.path.isfile(os.path.join(model.path, "config.json")):
         return None
-    with open(os.path.join(model.path, "config.json")) as f:
-        return json.load(f)
+    return registry.read_hf_config(model.path)
+
+
+def _shape(hf: dict):
+    """The model shape of a config.json; a file Tandem cannot load names model.path."""
+    try:
+        return registry.shape_from_hf_config(hf)
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"actor_rollout_ref.model.path: {e}") from None
 
 
 def num_experts(hf: dict | None) -> int:
-    """Routed experts of a config.json (0: dense); transformers 5 spells it num_local_experts."""
-    if not hf:
-        return 0
-    return int(hf.get("num_experts") or hf.get("num_local_experts") or 0)
+    """Routed experts of the model a config.json describes (0: dense or the built-in shape)."""
+    moe = _shape(hf).moe if hf else None
+    return moe.num_experts if moe is not None else 0
 
 
 def attention_heads(model: ModelConfig, hf: dict | None) -> tuple[int, int]:
     """(attention heads, key/value heads) of the built-in shape or of model.path's config.json."""
     if hf is None:
         return model.num_attention_heads, model.num_key_value_heads
-    heads = int(hf.get("num_attention_heads", 1))
-    return heads, int(hf.get("num_key_value_heads") or heads)
+    shape = _shape(hf)
+    return shape.num_attention_heads, shape.num_key_value_heads
 
 
 def check_model(cfg: TandemConfig) -> None:
@@ -52,6 +57,7 @@ def check_model(cfg: TandemConfig) -> None:
     if model.path is not None:
         check(os.path.isfile(os.path.join(model.path, "config.json")), "actor_rollout_ref.model.path",
               f"{model.path!r} is not a Hugging Face model directory (no config.json)")
+        _shape(hf_config(model))  # an architecture or field Tandem cannot load
     else:
         need = d.max_prompt_length + d.max_response_length
         check(model.max_position_embeddings >= need, "actor_rollout_ref.model.max_position_embeddings",

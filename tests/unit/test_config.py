@@ -96,10 +96,10 @@ def test_cli_unknown_key_exits_2_and_names_it():
     assert "run directory" not in r.stdout  # it failed before creating a run or starting services
 
 
-# ---- issue 4: remax, TIS, DAPO, validation sampling ---------------------------------
+# ---- remax, TIS, DAPO, validation sampling ----------------------------------------
 
 
-def test_issue4_keys_load_with_verl_names():
+def test_dapo_tis_and_validation_keys_load_with_verl_names():
     cfg = load_config(None, [
         "algorithm.adv_estimator=remax", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0",
         "algorithm.filter_groups.enable=true", "algorithm.filter_groups.metric=seq_reward",
@@ -127,12 +127,12 @@ def test_issue4_keys_load_with_verl_names():
     (["data.gen_batch_size=0"], "data.gen_batch_size", ">= 1"),
     (["algorithm.adv_estimator=remix"], "algorithm.adv_estimator", "'remax'"),
 ])
-def test_issue4_bad_values_name_the_key(overrides, key, text):
+def test_dapo_tis_and_validation_bad_values_name_the_key(overrides, key, text):
     msg = error_of(*overrides)
     assert msg.startswith(key) and text in msg, msg
 
 
-def test_issue4_typos_name_nearest_keys():
+def test_dapo_tis_and_validation_typos_name_nearest_keys():
     msg = error_of("algorithm.filter_groups.enabled=true")
     assert "algorithm.filter_groups.enable" in msg and "did you mean" in msg
     msg = error_of("actor_rollout_ref.rollout.val_kwargs.do_sampling=true")
@@ -178,7 +178,9 @@ def _moe_dir(tmp_path, **extra):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps(dict(
-        architectures=["Qwen3MoeForCausalLM"], num_attention_heads=4, num_key_value_heads=2, num_experts=4, **extra)))
+        architectures=["Qwen3MoeForCausalLM"], num_attention_heads=4, num_key_value_heads=2, num_experts=4,
+        vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=32,
+        num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000, **extra)))
     return str(tmp_path)
 
 
@@ -248,3 +250,13 @@ def test_generation_tp_values():
                       tp2 + [f"{key}=2", "actor_rollout_ref.rollout.mode=standalone"]):
         msg = error_of(*overrides)
         assert key in msg and "colocated" in msg and "standalone rollout at 1" in msg, msg
+
+
+def test_an_architecture_tandem_cannot_load_is_a_config_error(tmp_path):
+    """Named at load, before any service starts (the model-family registry reads config.json)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 64}))
+    msg = error_of(f"actor_rollout_ref.model.path={tmp_path}")
+    assert msg.startswith("actor_rollout_ref.model.path:") and "GPT2LMHeadModel" in msg
+    assert "LlamaForCausalLM" in msg  # the known architectures are listed

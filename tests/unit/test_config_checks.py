@@ -113,12 +113,15 @@ def test_validate_runs_every_check():
     assert len(checks.CHECKS) == len(set(checks.CHECKS))
 
 
-def test_the_package_loads_only_tandem_algos():
+def test_the_package_loads_only_algos_and_the_model_registry():
+    """Config is read by the controller, which must stay light: the estimators' and losses'
+    registries (tandem.algos) and the model-family registry (config.json -> shape), no megatron."""
     code = ("import json, sys\nimport tandem.config\n"
-            "print(json.dumps(sorted(m for m in sys.modules if m.startswith('tandem.'))))")
+            "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('tandem.', 'megatron')))))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     loaded = json.loads(r.stdout.strip().splitlines()[-1])
-    other = [m for m in loaded if not m.startswith(("tandem.config", "tandem.algos"))]
+    other = [m for m in loaded if not m.startswith(("tandem.config", "tandem.algos", "tandem.models"))]
     assert not other, other
+    assert not [m for m in loaded if m.startswith(("tandem.models.build", "megatron"))], loaded
     assert "tandem.config.model_file" in loaded and "tandem.algos.advantages" in loaded  # control
