@@ -203,13 +203,24 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
+    launcher: str = "local"  # who starts the services: local (child processes) | compose | ray (controller/launchers/)
+
+
+@dataclass
+class RayPlacement:  # how the ray launcher places a service's ranks (one placement-group bundle per rank)
+    num_cpus: float = 1.0  # CPUs per rank
+    num_gpus: float = 0.0  # GPUs per rank (1 on GPU clusters)
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources per rank, e.g. {node_a: 0.01}
+    strategy: Optional[str] = None  # PACK | STRICT_PACK | SPREAD | STRICT_SPREAD; None: STRICT_PACK at TP > 1, else SPREAD
 
 
 @dataclass
 class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
+    host: str = "127.0.0.1"  # the address the service binds (0.0.0.0: every interface)
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    ray: RayPlacement = field(default_factory=RayPlacement)
 
 
 @dataclass
