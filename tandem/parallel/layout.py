@@ -52,6 +52,16 @@ class ParallelConfig:
             raise ValueError("invalid parallel layout: " + "; ".join(problems))
 
 
+def local_tcp_rendezvous() -> str:
+    """`tcp://127.0.0.1:<free port>`: an init_method for ranks started together on this machine (tests,
+    benches); rank 0's TCPStore binds the port (another process may take it first: rare, then retry)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
                      init_method: str | None = None, seed: int = 0, store=None) -> None:
     """Start torch.distributed and megatron parallel_state for this rank. The ranks meet through

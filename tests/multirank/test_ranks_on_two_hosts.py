@@ -15,6 +15,7 @@ uses the loopback interface for both ranks.
 import json
 import os
 import pathlib
+import socket
 import subprocess
 import sys
 import time
@@ -25,7 +26,6 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TINY = ["data.builtin_train_size=20", "data.builtin_val_size=8", "actor_rollout_ref.rollout.mode=standalone",
         "services.rollout.world_size=2", "data.max_response_length=4"]
-MASTER_PORT = 29611
 
 
 def _ip(*args) -> subprocess.CompletedProcess:
@@ -41,8 +41,12 @@ class Hosts:
         self.ifname = [f"tva{tag}", f"tvb{tag}"]
         self.addr = ["10.231.0.1", "10.231.0.2"]
         self.isolated = self._make()
+        self.master_port = 29611  # any: a fresh namespace has every port free
         if not self.isolated:
             self.addr, self.ifname = ["127.0.0.2", "127.0.0.3"], ["lo", "lo"]
+            with socket.socket() as s:
+                s.bind((self.addr[0], 0))
+                self.master_port = s.getsockname()[1]
 
     def _make(self) -> bool:
         if os.geteuid() != 0 or _ip("netns", "add", self.ns[0]).returncode != 0:
@@ -78,6 +82,7 @@ def hosts():
 
 
 def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
+    from controller.launchers.commands import service_argv, service_env
     from controller.run_dir import materialise
     from tandem.config import load_config
 
@@ -90,11 +95,9 @@ def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
     procs = []
     try:
         for rank in (0, 1):
-            from controller.launchers.commands import service_argv, service_env
-
             argv = service_argv("rollout", config, host=hosts.addr[0], port_file=str(port_file) if rank == 0 else None,
                                 rank=rank)
-            env = dict(os.environ, **service_env(master=(hosts.addr[0], MASTER_PORT)),
+            env = dict(os.environ, **service_env(master=(hosts.addr[0], hosts.master_port)),
                        GLOO_SOCKET_IFNAME=hosts.ifname[rank])
             with open(logs[rank], "wb") as out:
                 procs.append(subprocess.Popen(hosts.run(rank, argv), env=env, cwd=ROOT, stdout=out,
@@ -111,10 +114,10 @@ def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
         health = subprocess.run(hosts.run(1, [sys.executable, "-m", "tandem.rpc.healthcheck", endpoint]),
                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
         assert health.returncode == 0, health.stderr
-        gen = subprocess.run(hosts.run(1, [sys.executable, str(ROOT / "tests" / "helpers" / "generate_client.py"),
-                                           endpoint, config]),
-                             capture_output=True, text=True, cwd=ROOT, timeout=300,
-                             env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+        client = [sys.executable, str(ROOT / "tests" / "helpers" / "generate_client.py"), endpoint, config]
+        path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])  # the helper imports the controller
+        gen = subprocess.run(hosts.run(1, client), capture_output=True, text=True, cwd=ROOT, timeout=300,
+                             env=dict(os.environ, PYTHONPATH=path))
         assert gen.returncode == 0, gen.stderr[-3000:]
         assert json.loads(gen.stdout.splitlines()[-1])["rows"] == 4
     finally:
@@ -126,6 +129,6 @@ def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
     events = [[json.loads(x) for x in log.read_text().splitlines() if x.startswith("{")] for log in logs]
     for rank in (0, 1):
         (rdzv,) = [e for e in events[rank] if e["event"] == "service.rendezvous"]
-        assert (rdzv["rank"], rdzv["master_addr"], rdzv["master_port"]) == (rank, hosts.addr[0], MASTER_PORT)
+        assert (rdzv["rank"], rdzv["master_addr"], rdzv["master_port"]) == (rank, hosts.addr[0], hosts.master_port)
     # rank 0 served on its host's address (and answered only with both ranks' shares of the prompts)
     assert any(e["event"] == "server.serving" and e["host"] == hosts.addr[0] for e in events[0])
