@@ -18,19 +18,11 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from controller.launchers import LaunchContext, Launcher
+from controller.launchers import LaunchContext, Launcher, log_tail
 from controller.launchers.commands import connect_host, service_argv, service_env
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")
-
-
-def _tail(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 class LocalLauncher(Launcher):
@@ -78,7 +70,7 @@ class LocalLauncher(Launcher):
                 proc, port_file = self.processes[role], self._port_file(role)
                 if proc.poll() is not None:
                     raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"last lines of {self.logs[role]}:\n{_tail(self.logs[role])}")
+                                       f"last lines of {self.logs[role]}:\n{log_tail(self.logs[role])}")
                 if os.path.exists(port_file):
                     with open(port_file) as f:
                         endpoints[role] = f"{connect_host(self._host(role))}:{int(f.read().strip())}"

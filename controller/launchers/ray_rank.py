@@ -18,13 +18,7 @@ import subprocess
 import sys
 import time
 
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
+from controller.launchers import log_tail
 
 
 class ServiceRank:
@@ -65,7 +59,7 @@ class ServiceRank:
         while not os.path.exists(port_file):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"exited with code {self.proc.returncode} while starting; last lines of "
-                                   f"{log_path}:\n{_tail(log_path)}")
+                                   f"{log_path}:\n{log_tail(log_path)}")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not serving after {timeout_s:g}s; see {log_path}")
             time.sleep(0.2)

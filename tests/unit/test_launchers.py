@@ -117,3 +117,18 @@ def test_compose_launcher_waits_for_named_services_and_names_the_missing_one(hea
     launcher.stop()
     with pytest.raises(NotImplementedError, match="compose launcher cannot restart the actor"):
         asyncio.run(launcher.restart("actor"))
+
+
+def test_prepare_writes_the_spec_and_refuses_bad_keys(tmp_path, capsys, monkeypatch):
+    from controller import prepare
+
+    spec = tmp_path / "spec"
+    assert prepare.main([str(spec), "trainer.launcher=k8s"]) == 2
+    assert "trainer.launcher: unknown launcher 'k8s'" in capsys.readouterr().err
+    assert not spec.exists()  # nothing written for a bad config
+    monkeypatch.setenv("TANDEM_OVERRIDES", "data.builtin_val_size=8 trainer.launcher=compose")
+    assert prepare.main([str(spec), "data.builtin_train_size=20"]) == 0
+    cfg = load_config(str(spec / "config.yaml"))
+    assert cfg.trainer.launcher == "compose" and cfg.data.builtin_train_size == 20
+    assert cfg.actor_rollout_ref.model.tokenizer_path == str(spec / "tokenizer")
+    assert cfg.data.train_files.startswith(str(spec / "data")) and (spec / "tokenizer").is_dir()
