@@ -17,6 +17,7 @@ from controller.launchers.compose import ComposeLauncher, compose_address
 from controller.launchers.ray import placement
 from tandem.config import ConfigError, load_config
 from tandem.config.checks import services as service_checks
+from tandem.logging import get_logger
 from tandem.rpc import healthcheck
 
 
@@ -132,3 +133,22 @@ def test_prepare_writes_the_spec_and_refuses_bad_keys(tmp_path, capsys, monkeypa
     assert cfg.trainer.launcher == "compose" and cfg.data.builtin_train_size == 20
     assert cfg.actor_rollout_ref.model.tokenizer_path == str(spec / "tokenizer")
     assert cfg.data.train_files.startswith(str(spec / "data")) and (spec / "tokenizer").is_dir()
+
+
+def test_a_separately_started_rank_needs_its_rendezvous(monkeypatch):
+    from tandem.serving import process
+
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    args = process.parse_args("rollout", ["--rank", "1"])
+    assert args.host == "127.0.0.1" and (args.master_addr, args.master_port) == (None, None)
+    log = get_logger("test")
+    with pytest.raises(ValueError, match="rollout rank 1 of 2: the rendezvous is not set; give --master-addr"):
+        process._rendezvous("rollout", args, 2, log)
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    args = process.parse_args("rollout", ["--rank", "2", "--host", "0.0.0.0", "services.rollout.host=10.0.0.8"])
+    assert (args.host, args.master_addr, args.master_port) == ("0.0.0.0", "10.0.0.7", 29500)
+    with pytest.raises(ValueError, match=r"--rank 2 is outside services.rollout.world_size=2"):
+        process._rendezvous("rollout", args, 2, log)
+    assert process.parse_args("rollout", ["services.rollout.host=10.0.0.8"]).host == "10.0.0.8"
