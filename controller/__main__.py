@@ -36,6 +36,7 @@ def main(argv=None) -> int:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
     configure_logging(role="controller", level="WARNING")
+    from controller.reward_calls import RewardFailure
     from controller.run import run
 
     try:
@@ -43,6 +44,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
+    except RewardFailure as e:
+        print(f"tandem: run failed: {e}", file=sys.stderr)
+        return 1
     keys = ("val_accuracy_init", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain", "wall_time_s")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
     print(f"tandem: held-out greedy accuracy after SFT {summary.get('val_accuracy_after_sft')}, "

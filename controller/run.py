@@ -221,7 +221,7 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
-                                     self.cfg.data.max_response_length)
+                                     self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
         return await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step)
