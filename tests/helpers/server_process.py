@@ -13,6 +13,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def server_process(cmd: list[str], port_file, timeout_s: float = 60, cwd=ROOT, env: dict | None = None):
     """Run `cmd` (which writes its bound port to `port_file`) -> "127.0.0.1:PORT"; SIGTERM at exit."""
     port_file = pathlib.Path(port_file)
+    port_file.unlink(missing_ok=True)  # a stale file would point at a stopped server
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
