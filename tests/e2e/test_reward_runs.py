@@ -75,7 +75,7 @@ def test_a_raising_or_hanging_function_drops_its_rows_by_config(tmp_path):
     val = [m for m in metrics if "val/accuracy" in m]
     assert val and all(m["val/accuracy"] == 1.0 and m["val/failed_rows"] > 0 for m in val)
     reward_log = (run_dir / "logs" / "reward.log").read_text()
-    assert "compute_score raised ZeroDivisionError: cannot score" in reward_log
+    assert "flaky_score raised ZeroDivisionError: cannot score" in reward_log
     assert "flaky_score exceeded custom_reward_function.timeout_s=1 (killed)" in reward_log
     assert "reward.rows_failed" in err and "on_failure=drop" in err  # the controller names the behaviour
 

@@ -37,7 +37,6 @@ class Services:
             RewardClient,
             RolloutClient,
         )
-
         from controller.roles import security
 
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]

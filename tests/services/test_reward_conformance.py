@@ -3,7 +3,6 @@ the Node.js example (built from the proto alone; `npm ci` in services/reward/exa
 .ci/run does) passes plain and locked (TLS + token), so do the Python example and Tandem's own
 reward service; a deliberately broken Python server fails with a message naming each broken rule."""
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
