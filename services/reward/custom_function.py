@@ -113,5 +113,5 @@ class CustomRewardFunction:
         return Scored.of([0.0 if isinstance(o, str) else o for o in outcomes], failures)
 
     def close(self) -> None:
-        self.pool.stop()
-        self.pool.join(timeout=5)
+        self.pool.stop()  # a call still hanging is killed, not waited for
+        self.pool.join(timeout=2)

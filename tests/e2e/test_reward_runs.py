@@ -77,7 +77,8 @@ def test_a_raising_or_hanging_function_drops_its_rows_by_config(tmp_path):
     reward_log = (run_dir / "logs" / "reward.log").read_text()
     assert "flaky_score raised ZeroDivisionError: cannot score" in reward_log
     assert "flaky_score exceeded custom_reward_function.timeout_s=1 (killed)" in reward_log
-    assert "reward.rows_failed" in err and "on_failure=drop" in err  # the controller names the behaviour
+    # the controller names the behaviour
+    assert '"event": "reward.rows_failed"' in err and '"on_failure": "drop"' in err
 
 
 def test_a_raising_function_fails_the_run_by_default(tmp_path):
@@ -100,7 +101,7 @@ def test_failed_rows_of_an_external_reward_never_score_zero(tmp_path):
     for m in steps:
         if "critic/score/mean" in m:
             assert m["critic/score/mean"] == 1.0, m
-    assert "on_failure=drop" in err
+    assert '"event": "reward.rows_failed"' in err and '"on_failure": "drop"' in err
 
 
 def test_a_whole_run_with_tls_and_tokens_on_every_port(tmp_path):
