@@ -131,8 +131,10 @@ class Run:
         """Services up, warm start or restore, RL steps, final validation and checkpoint,
         services down; then summary.json and curves.png -> the summary."""
         t = self.cfg.trainer
+        s = self.cfg.services
         launcher = get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
-            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, self.cfg.services.startup_timeout_s))
+            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}))
         self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
                                  t.experiment_name)
         try:
