@@ -1,7 +1,7 @@
 """Bearer-token authentication on a Tandem port: the server interceptor and the caller's metadata.
 
-A caller sends `authorization: Bearer <token>` with every call (`BearerToken`, a client
-interceptor on the channel, so health checks and streams carry it too). The server's
+A caller sends `authorization: Bearer <token>` with every call (`bearer_token`: client
+interceptors on the channel, so health checks and streams carry it too). The server's
 `TokenAuthInterceptor` compares it with the expected token in constant time
 (`hmac.compare_digest`) and answers UNAUTHENTICATED otherwise, before the request is parsed;
 health checks pass without a token only when the endpoint is configured so.
@@ -86,22 +86,32 @@ class TokenAuthInterceptor(grpc.aio.ServerInterceptor):
         return _deny(await continuation(handler_call_details), problem)
 
 
-class BearerToken(grpc.aio.UnaryUnaryClientInterceptor, grpc.aio.UnaryStreamClientInterceptor):
-    """Adds `authorization: Bearer <token>` to every call of a channel."""
+class _BearerToken:
+    """Adds `authorization: Bearer <token>` to a call's metadata."""
 
     def __init__(self, token: str):
         self._pair = (AUTH_KEY, f"Bearer {token}")
 
     def __repr__(self) -> str:
-        return "BearerToken(<hidden>)"
+        return f"{type(self).__name__}(<hidden>)"
 
     def _details(self, details: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
         metadata = grpc.aio.Metadata(*(details.metadata or ()), self._pair)
         return grpc.aio.ClientCallDetails(details.method, details.timeout, metadata, details.credentials,
                                           details.wait_for_ready)
 
+
+class _UnaryBearer(_BearerToken, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
 
+
+class _StreamBearer(_BearerToken, grpc.aio.UnaryStreamClientInterceptor):
     async def intercept_unary_stream(self, continuation, client_call_details, request):
         return await continuation(self._details(client_call_details), request)
+
+
+def bearer_token(token: str) -> list[grpc.aio.ClientInterceptor]:
+    """Client interceptors adding the token to every unary and server-streaming call of a channel
+    (grpc.aio files an interceptor under one call kind only, so one object per kind)."""
+    return [_UnaryBearer(token), _StreamBearer(token)]

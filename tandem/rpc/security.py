@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tandem.rpc.auth import BearerToken, TokenAuthInterceptor, read_token
+from tandem.rpc.auth import TokenAuthInterceptor, bearer_token, read_token
 from tandem.rpc.tls import TLSFiles
 
 
@@ -50,7 +50,7 @@ class EndpointSecurity:
     # ---- client side --------------------------------------------------------------------
 
     def channel(self, endpoint: str, options: list[tuple]) -> grpc.aio.Channel:
-        interceptors = [BearerToken(self.token)] if self.token else None
+        interceptors = bearer_token(self.token) if self.token else None
         if self.tls is None:
             return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
         return grpc.aio.secure_channel(endpoint, self.tls.channel_credentials(),

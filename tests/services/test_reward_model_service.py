@@ -5,6 +5,7 @@ import asyncio
 import sys
 
 import grpc
+import pytest
 import torch
 from server_process import server_process
 from tiny_hf import tiny_reward_model
@@ -16,7 +17,9 @@ from tandem.rpc.errors import TandemError
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 
 
-def test_reward_model_service_scores_and_refuses_bad_tokens(tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_reward_model_service_scores_and_refuses_bad_tokens(tmp_path, ranks):
+    """ranks=2: the reward model at tensor parallelism 2 (two rank processes, gloo): the same scores."""
     from transformers import AutoModelForSequenceClassification
 
     rm = tiny_reward_model(tmp_path / "rm", "qwen2")
@@ -31,6 +34,8 @@ def test_reward_model_service_scores_and_refuses_bad_tokens(tmp_path):
     cmd = [sys.executable, "-m", "services.reward", "--port-file", str(tmp_path / "port"),
            "reward_model.enable=true", f"reward_model.model.path={rm}", "reward_model.micro_batch_size_per_gpu=2",
            "reward_model.rule_coef=0.5"]
+    if ranks == 2:
+        cmd += ["services.reward.world_size=2", "reward_model.megatron.tensor_model_parallel_size=2"]
 
     async def expect_invalid(client, bad, *fragments):
         try:
