@@ -26,7 +26,7 @@ _log = get_logger("controller.launchers.local")
 
 
 class LocalLauncher(Launcher):
-    """Services as child processes of this machine, each bound to `services.<role>.host`."""
+    """Services as child processes; each binds services.<role>.host (127.0.0.1 by default)."""
 
     def __init__(self, ctx: LaunchContext):
         super().__init__(ctx)
@@ -58,7 +58,7 @@ class LocalLauncher(Launcher):
         _log.info("service.started", role=role, pid=self.processes[role].pid, log=log_path)
 
     def _host(self, role: str) -> str:
-        return getattr(self.ctx.cfg.services, role).host if self.ctx.cfg is not None else "127.0.0.1"
+        return self.ctx.hosts.get(role, "127.0.0.1")
 
     async def _wait_ready(self, roles: list[str]) -> dict[str, str]:
         """Wait for each role's port file; fail fast if one exits."""

@@ -43,6 +43,8 @@ def tensor_parallel(cfg, role: str) -> int:
         return cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size
     if role == "critic":
         return cfg.critic.megatron.tensor_model_parallel_size
+    if role == "reward" and cfg.reward_model.enable:
+        return cfg.reward_model.megatron.tensor_model_parallel_size
     return 1
 
 
@@ -51,9 +53,8 @@ def placement(cfg, role: str) -> tuple[list[dict], str]:
     s = getattr(cfg.services, role)
     bundle = {"CPU": s.ray.num_cpus, "GPU": s.ray.num_gpus, **s.ray.resources}
     bundle = {k: float(v) for k, v in bundle.items() if v}
-    world = 1 if role == "reward" else s.world_size
     strategy = s.ray.strategy or ("STRICT_PACK" if tensor_parallel(cfg, role) > 1 else "SPREAD")
-    return [dict(bundle) for _ in range(world)], strategy
+    return [dict(bundle) for _ in range(s.world_size)], strategy
 
 
 class RayLauncher(Launcher):
@@ -104,7 +105,7 @@ class RayLauncher(Launcher):
         """Start every rank of `role` -> rank 0's bound port once it serves."""
         _, actors = self.groups[role]
         nodes = self.nodes[role] = list(await asyncio.gather(*(a.node.remote() for a in actors)))
-        host = getattr(self.ctx.cfg.services, role).host
+        host = self.ctx.hosts.get(role, "127.0.0.1")
         logs = os.path.join(self.ctx.run_dir, "logs")
         master = None
         if len(actors) > 1:

@@ -30,6 +30,7 @@ import torch
 
 from tandem.config import TandemConfig, load_config
 from tandem.logging import configure_logging, get_logger
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
 
@@ -46,6 +47,7 @@ class ServiceArgs:
     rank: int | None = None  # None: this process is rank 0 and starts the other ranks itself
     master_addr: str | None = None
     master_port: int | None = None
+    security: EndpointSecurity = PLAINTEXT  # TLS and token of this service's port (services.<role>.tls/.auth)
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
@@ -65,9 +67,13 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
-    host = a.host or getattr(cfg.services, role).host
-    return ServiceArgs(cfg, host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.rank, a.master_addr, a.master_port)
+    section = getattr(cfg.services, role)
+    try:
+        security = EndpointSecurity.from_section(section, f"services.{role}")
+    except ValueError as e:
+        p.error(str(e))
+    return ServiceArgs(cfg, a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
+                       a.rank, a.master_addr, a.master_port, security)
 
 
 def _env_int(name: str) -> int | None:
@@ -88,7 +94,7 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
     log.info("service.process", pid=os.getpid(), world_size=world_size, host=socket.gethostname(),
              node_id=os.environ.get("TANDEM_NODE_ID"))
     torch.set_num_threads(max(1, torch_threads))
-    if role == "reward":
+    if role == "reward" and shape is None:  # rules and functions only: no model, no ranks
         return log
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
@@ -160,7 +166,8 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
         return
     thread = WorkerThread(role)
     try:
-        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file))
+        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file,
+                         security=args.security))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         group.stop()

@@ -16,7 +16,7 @@ from controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, g
 from controller.launchers.compose import ComposeLauncher, compose_address
 from controller.launchers.ray import placement
 from tandem.config import ConfigError, load_config
-from tandem.config.checks import services as service_checks
+from tandem.config.checks import placement as placement_checks
 from tandem.logging import get_logger
 from tandem.rpc import healthcheck
 
@@ -28,7 +28,7 @@ def error_of(*overrides) -> str:
 
 
 def test_config_knows_exactly_the_registered_launchers():
-    assert tuple(LAUNCHERS) == service_checks.LAUNCHERS
+    assert tuple(LAUNCHERS) == placement_checks.LAUNCHERS
     for name in LAUNCHERS:
         assert issubclass(get_launcher(name), Launcher)
         assert load_config(None, [f"trainer.launcher={name}"]).trainer.launcher == name

@@ -1,46 +1,51 @@
-"""Checks of where services run: trainer.launcher, and each role's bind address and Ray placement.
+"""Checks of services.<role>: the bind address, TLS files and the bearer token's source.
 
-LAUNCHERS mirrors controller/launchers' registry (the library does not import the controller;
-tests/unit/test_launchers.py keeps the two equal).
+Files are checked where they are named (a service started here needs its certificate and key; a
+caller needs the CA, and its own certificate for mutual TLS). The token is looked for, never read
+into the config or a message: only the file or variable name is reported.
 """
 from __future__ import annotations
 
-import ipaddress
+import os
 
 from tandem.config.errors import check
 from tandem.config.schema import TandemConfig
 
-LAUNCHERS = ("local", "compose", "ray")
 ROLES = ("actor", "rollout", "critic", "reward")
-# services.<role>.ray.strategy: Ray's placement-group strategies (None: chosen from the role's TP)
-RAY_STRATEGIES = ("PACK", "STRICT_PACK", "SPREAD", "STRICT_SPREAD")
 
 
-def _is_host(host: str) -> bool:
-    if not host or host != host.strip() or " " in host:
-        return False
-    if ":" not in host:
-        return True
-    try:  # only an IPv6 address may contain a colon
-        ipaddress.IPv6Address(host.strip("[]"))
-        return True
-    except ValueError:
-        return False
+def _check_file(path: str | None, key: str, required: bool, why: str = "") -> None:
+    if path is None:
+        check(not required, key, f"must be set{why}")
+        return
+    check(os.path.isfile(path), key, f"{path!r} is not a readable file")
 
 
 def check_services(cfg: TandemConfig) -> None:
-    """trainer.launcher names a known launcher; services.<role>.{host,ray.*} are usable."""
-    launcher = cfg.trainer.launcher
-    check(launcher in LAUNCHERS, "trainer.launcher", f"unknown launcher {launcher!r}; known: {', '.join(LAUNCHERS)}")
+    """services.<role>.{host, tls.*, auth.*} for every role."""
     for role in ROLES:
-        s = getattr(cfg.services, role)
         key = f"services.{role}"
-        check(_is_host(s.host), f"{key}.host",
-              f"{s.host!r} must be an address or host name without a port (e.g. 127.0.0.1, 0.0.0.0)")
-        r = s.ray
-        check(r.strategy is None or r.strategy in RAY_STRATEGIES, f"{key}.ray.strategy",
-              f"{r.strategy!r}; known: {', '.join(RAY_STRATEGIES)} (or null)")
-        check(r.num_cpus >= 0, f"{key}.ray.num_cpus", f"{r.num_cpus} must be >= 0")
-        check(r.num_gpus >= 0, f"{key}.ray.num_gpus", f"{r.num_gpus} must be >= 0")
-        bad = {k: v for k, v in r.resources.items() if not isinstance(v, (int, float)) or v < 0}
-        check(not bad, f"{key}.ray.resources", f"amounts must be numbers >= 0, got {bad}")
+        s = getattr(cfg.services, role)
+        check(bool(s.host), f"{key}.host", "must not be empty (127.0.0.1: this machine only)")
+        tls = s.tls
+        if tls.enable:
+            started_here = s.endpoint is None
+            why = " (the service is started here with TLS)"
+            _check_file(tls.cert_file, f"{key}.tls.cert_file", started_here, why)
+            _check_file(tls.key_file, f"{key}.tls.key_file", started_here, why)
+            _check_file(tls.ca_file, f"{key}.tls.ca_file", tls.client_auth, " for tls.client_auth (mutual TLS)")
+            _check_file(tls.client_cert_file, f"{key}.tls.client_cert_file", tls.client_auth,
+                        " for tls.client_auth (mutual TLS)")
+            _check_file(tls.client_key_file, f"{key}.tls.client_key_file", tls.client_auth,
+                        " for tls.client_auth (mutual TLS)")
+        else:
+            check(not tls.client_auth, f"{key}.tls.client_auth", "needs tls.enable=true")
+        auth = s.auth
+        check(not (auth.token_file and auth.token_env), f"{key}.auth", "set token_file or token_env, not both")
+        if auth.token_file:
+            _check_file(auth.token_file, f"{key}.auth.token_file", True)
+        if auth.token_env:
+            check(bool(os.environ.get(auth.token_env, "").strip()), f"{key}.auth.token_env",
+                  f"environment variable {auth.token_env} is not set or empty")
+        check(not auth.health_without_token or bool(auth.token_file or auth.token_env),
+              f"{key}.auth.health_without_token", "needs a token (auth.token_file or auth.token_env)")
