@@ -2,7 +2,10 @@
 
 Each service binds a free port and writes it to a port file once SERVING; its stdout
 and stderr go to RUN_DIR/logs/<role>.log. A service given an endpoint in the config
-(services.<role>.endpoint) is attached to instead of started.
+(services.<role>.endpoint) is attached to instead of started. Rollout replicas are roles
+`rollout`, `rollout-1`, ... of the one rollout service; `services.<role>.devices` becomes
+their CUDA_VISIBLE_DEVICES (replica k takes the k-th group of world_size GPUs when there are
+enough for all, else they share them).
 """
 from __future__ import annotations
 
@@ -34,8 +37,42 @@ def _tail(path: str, lines: int = 15) -> str:
         return "(no log)"
 
 
+def service_of(role: str) -> str:
+    """rollout-2 -> rollout (a replica runs its service's module)."""
+    return role.split("-", 1)[0]
+
+
+def attach_endpoints(cfg, roles: list[str]) -> dict[str, str | None]:
+    """{role: the endpoint to attach to, or None to start it}; rollout replicas take the
+    comma-separated services.rollout.endpoint in order."""
+    out = {}
+    for role in roles:
+        endpoint = getattr(cfg.services, service_of(role)).endpoint
+        if endpoint and service_of(role) == "rollout":
+            endpoint = endpoint.split(",")[_replica_index(role)].strip()
+        out[role] = endpoint
+    return out
+
+
+def _replica_index(role: str) -> int:
+    return int(role.split("-", 1)[1]) if "-" in role else 0
+
+
+def _devices_env(cfg, role: str) -> dict[str, str]:
+    if cfg is None:
+        return {}
+    svc = getattr(cfg.services, service_of(role))
+    if svc.devices is None:
+        return {}
+    ids = [i.strip() for i in str(svc.devices).split(",")]
+    if len(ids) > svc.world_size:  # one group of world_size GPUs per replica
+        k = _replica_index(role)
+        ids = ids[k * svc.world_size:(k + 1) * svc.world_size]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
 def start(roles: list[str], config_path: str, run_dir: str, run_id: str,
-          attach: dict[str, str | None]) -> Launched:
+          attach: dict[str, str | None], cfg=None) -> Launched:
     out = Launched()
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     for role in roles:
@@ -47,9 +84,9 @@ def start(roles: list[str], config_path: str, run_dir: str, run_id: str,
             os.unlink(port_file)
         log_path = os.path.join(run_dir, "logs", f"{role}.log")
         log = open(log_path, "ab")
-        cmd = [sys.executable, "-m", f"services.{role}", "--config", config_path,
+        cmd = [sys.executable, "-m", f"services.{service_of(role)}", "--config", config_path,
                "--port-file", port_file, "--run-id", run_id]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::UserWarning")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::UserWarning", **_devices_env(cfg, role))
         out.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                start_new_session=True)  # Ctrl-C reaches us only
         out.logs[role] = log_path

@@ -16,10 +16,12 @@ from controller.clients import ActorClient, CriticClient, RewardClient, RolloutC
 from controller.data import Cursor, collate, load_examples
 from controller.evaluate import greedy_accuracy
 from controller.plot import plot_run
+from controller.rollout_replicas import RolloutReplicas, replica_roles
 from controller.sft import run_sft
 from controller.step import Roles, ppo_step
 from controller.tracking import Tracking
 from controller.validation import run_validation
+from controller.weight_sync import sync_weights
 from tandem.algos.kl import AdaptiveKLController, FixedKLController
 from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import get_logger
@@ -56,7 +58,7 @@ def prepare_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
 def needed_roles(cfg: TandemConfig) -> list[str]:
     roles = ["actor", "reward"]
     if cfg.actor_rollout_ref.rollout.mode == "standalone":
-        roles.append("rollout")
+        roles += replica_roles(cfg.services.rollout.replicas)
     if cfg.algorithm.adv_estimator == "gae":
         roles.append("critic")
     return roles
@@ -98,8 +100,8 @@ async def run(cfg: TandemConfig) -> dict:
 
     roles = needed_roles(cfg)
     s = cfg.services
-    attach = {r: getattr(s, r).endpoint for r in roles}
-    procs = launcher.start(roles, os.path.join(run_dir, "config.yaml"), run_dir, run_id, attach)
+    attach = launcher.attach_endpoints(cfg, roles)
+    procs = launcher.start(roles, os.path.join(run_dir, "config.yaml"), run_dir, run_id, attach, cfg)
     clients = {}
     tracking = Tracking(run_dir, list(cfg.trainer.logger), cfg.trainer.total_training_steps,
                         cfg.trainer.project_name, cfg.trainer.experiment_name)
@@ -107,12 +109,12 @@ async def run(cfg: TandemConfig) -> dict:
         await launcher.wait_ready(procs, run_dir, s.startup_timeout_s)
         kinds = {"actor": ActorClient, "reward": RewardClient, "rollout": RolloutClient, "critic": CriticClient}
         for role in roles:
-            clients[role] = kinds[role](procs.endpoints[role], timeout_s=s.rpc_timeout_s,
-                                        metadata={"x-run-id": run_id})
+            clients[role] = kinds[launcher.service_of(role)](procs.endpoints[role], timeout_s=s.rpc_timeout_s,
+                                                             metadata={"x-run-id": run_id})
             await clients[role].wait_healthy(timeout_s=s.startup_timeout_s)
         standalone = cfg.actor_rollout_ref.rollout.mode == "standalone"
-        rollout = clients["rollout"] if standalone else RolloutClient(procs.endpoints["actor"],
-                                                                      timeout_s=s.rpc_timeout_s)
+        rollout = (RolloutReplicas([clients[r] for r in replica_roles(s.rollout.replicas)], tokenizer.pad_token_id)
+                   if standalone else RolloutClient(procs.endpoints["actor"], timeout_s=s.rpc_timeout_s))
         roles_ = Roles(actor=clients["actor"], rollout=rollout, reward=clients["reward"],
                        critic=clients.get("critic"), standalone_rollout=standalone)
         summary = await _train(cfg, run_dir, roles_, tokenizer, train, val, tracking, resume_from)
@@ -133,9 +135,8 @@ async def run(cfg: TandemConfig) -> dict:
 
 
 async def _sync_rollout(roles: Roles) -> None:
-    if roles.standalone_rollout:
-        weights, version = await roles.actor.export_weights()
-        await roles.rollout.load_weights(weights, version)
+    if roles.standalone_rollout:  # forced: attached rollouts may have seen another run's versions
+        await sync_weights(roles.actor, roles.rollout, force=True)
 
 
 async def _warm_start(cfg, run_dir, roles: Roles, tokenizer, train, val, tracking, summary) -> None:

@@ -114,6 +114,7 @@ async def ppo_step(roles: Roles, prompts: DataProto | Callable[[int], DataProto]
     """One step. `prompts` is a batch, or a function k -> the next k prompts (needed by
     DAPO dynamic sampling, which may generate several batches per step)."""
     from controller.dapo import collect_varied_groups
+    from controller.weight_sync import sync_weights
 
     a, alg = cfg.actor_rollout_ref, cfg.algorithm
     n = a.rollout.n
@@ -181,9 +182,7 @@ async def ppo_step(roles: Roles, prompts: DataProto | Callable[[int], DataProto]
     metrics.update(critic_metrics or {})
 
     if roles.standalone_rollout:
-        with timed(metrics, "sync_weights"):
-            weights, version = await roles.actor.export_weights()
-            await roles.rollout.load_weights(weights, version)
+        metrics.update(await sync_weights(roles.actor, roles.rollout, version))
 
     tensors = {"token_level_scores": token_scores, "token_level_rewards": rewards,
                "advantages": advantages, "returns": returns, "response_mask": mask,

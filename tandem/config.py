@@ -92,6 +92,14 @@ class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollo
 
 
 @dataclass
+class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
+    transport: str = "auto"  # auto | stream | ipc | nccl (= collective; gloo on CPU)
+    chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
+    bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+
+
+@dataclass
 class RolloutConfig:
     mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
     n: int = 8
@@ -102,9 +110,11 @@ class RolloutConfig:
     free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
     # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
     # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
-    # (tandem/rollout/replica.py). A standalone rollout is always TP=1.
+    # (tandem/rollout/replica.py). Standalone: the rollout's own TP (None = 1; its world size a
+    # multiple of it; each rank slices its shard from the TP=1 weights it receives).
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
 @dataclass
@@ -217,6 +227,9 @@ class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    replicas: int = 1  # rollout only: independent services the controller splits generation over
+    devices: Optional[str] = None  # GPUs (CUDA_VISIBLE_DEVICES) of its ranks, e.g. "1" or "2,3"; replicas take consecutive groups
+    gpu_memory_fraction: Optional[float] = None  # cap on each rank's share of its GPU (services sharing a GPU)
 
 
 @dataclass
@@ -402,12 +415,14 @@ def _validate_parallel(cfg: TandemConfig) -> None:
            f"{a.actor.megatron.expert_model_parallel_size}: set standalone (a colocated rollout generates on "
            "each data-parallel rank on its own, but expert-parallel ranks must run every forward together)")
     rollout_tp, actor_tp = a.rollout.tensor_model_parallel_size, a.actor.megatron.tensor_model_parallel_size
-    _check(rollout_tp in (None, 1, actor_tp) and (rollout_tp in (None, 1) or a.rollout.mode == "colocated"),
+    _check(a.rollout.mode == "standalone" or rollout_tp in (None, 1, actor_tp),
            "actor_rollout_ref.rollout.tensor_model_parallel_size",
            f"{rollout_tp}: a colocated rollout generates at the actor's TP ({actor_tp}, null) or at 1 "
-           "(a TP=1 copy on every rank); a standalone rollout at 1")
+           "(a TP=1 copy on every rank)")
     rollout_world = cfg.services.rollout.world_size
     _check(rollout_world >= 1, "services.rollout.world_size", "must be >= 1")
+    if a.rollout.mode == "standalone":
+        _validate_standalone_rollout(cfg, hf)
     pp = a.actor.megatron.pipeline_model_parallel_size
     _check(pp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,
            "actor_rollout_ref.rollout.tensor_model_parallel_size",
@@ -418,6 +433,54 @@ def _validate_parallel(cfg: TandemConfig) -> None:
     _check(cfg.trainer.resume_mode != "resume_path" or bool(cfg.trainer.resume_from_path),
            "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
     _check(cfg.trainer.save_freq >= 0, "trainer.save_freq", "must be >= 0")
+    _validate_services(cfg)
+
+
+def _validate_standalone_rollout(cfg: TandemConfig, hf: Optional[dict]) -> None:
+    """The rollout's own TP, its replicas and the weight plane (tandem/weights/)."""
+    r, s = cfg.actor_rollout_ref.rollout, cfg.services
+    tp, world, key = r.tensor_model_parallel_size or 1, s.rollout.world_size, "actor_rollout_ref.rollout"
+    _check(tp >= 1, f"{key}.tensor_model_parallel_size", "must be >= 1")
+    _check(world % tp == 0, "services.rollout.world_size",
+           f"{world} is not a multiple of {key}.tensor_model_parallel_size={tp}")
+    heads, groups = _heads(cfg.actor_rollout_ref.model, hf)
+    _check(heads % tp == 0 and groups % tp == 0, f"{key}.tensor_model_parallel_size",
+           f"{tp} must divide num_attention_heads={heads} and num_key_value_heads={groups}")
+    _check(tp == 1 or not _num_experts(hf), f"{key}.tensor_model_parallel_size",
+           f"{tp}: a standalone rollout of a mixture-of-experts model runs at TP=1")
+    w = r.weight_sync
+    from tandem.weights.transport import CONFIG_VALUES
+
+    _check(w.transport in CONFIG_VALUES, f"{key}.weight_sync.transport",
+           f"{w.transport!r}; known: {sorted(CONFIG_VALUES)}")
+    _check(0 < w.chunk_mb <= 256, f"{key}.weight_sync.chunk_mb", f"{w.chunk_mb} must be in (0, 256] MiB")
+    _check(w.bucket_mb >= 1, f"{key}.weight_sync.bucket_mb", f"{w.bucket_mb} must be >= 1 MiB")
+    _check(w.timeout_s > 0, f"{key}.weight_sync.timeout_s", "must be > 0")
+    _check(1 <= s.rollout.replicas <= 64, "services.rollout.replicas", f"{s.rollout.replicas} must be in 1..64")
+    if s.rollout.endpoint:
+        n = len(s.rollout.endpoint.split(","))
+        _check(n == s.rollout.replicas, "services.rollout.endpoint",
+               f"{n} endpoints for services.rollout.replicas={s.rollout.replicas} (one host:port per replica, "
+               "comma-separated)")
+
+
+def _validate_services(cfg: TandemConfig) -> None:
+    """Replicas (rollout only), devices and GPU memory shares of every service."""
+    for role in ("actor", "rollout", "critic", "reward"):
+        svc, key = getattr(cfg.services, role), f"services.{role}"
+        _check(svc.replicas == 1 or (role == "rollout" and cfg.actor_rollout_ref.rollout.mode == "standalone"),
+               f"{key}.replicas", f"{svc.replicas}: only a standalone rollout (actor_rollout_ref.rollout.mode="
+               "standalone) runs as several replicas")
+        f = svc.gpu_memory_fraction
+        _check(f is None or 0 < f <= 1, f"{key}.gpu_memory_fraction", f"{f} must be in (0, 1]")
+        if svc.devices is not None:
+            ids = str(svc.devices).split(",")
+            _check(all(i.strip().isdigit() for i in ids), f"{key}.devices",
+                   f"{svc.devices!r} must be comma-separated GPU indices, e.g. '0' or '2,3'")
+            every = svc.world_size * svc.replicas
+            _check(len(ids) in (svc.world_size, every), f"{key}.devices",
+                   f"{len(ids)} GPUs for world_size={svc.world_size}: give one per rank (replicas take "
+                   f"consecutive groups when {every} are given, else share them)")
 
 
 # The override_transformer_config keys Tandem reads (verl passes any TransformerConfig field through;

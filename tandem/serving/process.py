@@ -54,10 +54,11 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
 
 
 def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
-                 parallel=None, world_size: int = 1, shape=None):
+                 parallel=None, world_size: int = 1, shape=None, gpu_memory_fraction: float | None = None):
     """Logging, torch threads, and (for model roles) this rank's torch.distributed and
     megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
-    groups, experts) and starts the other ranks first."""
+    groups, experts) and starts the other ranks first. gpu_memory_fraction: this rank's cap
+    on its GPU (services sharing a GPU)."""
     configure_logging(role=role, rank=args.rank, run_id=args.run_id)
     log = get_logger(f"services.{role}")
     # one line per rank process: how tests and operators count a service's processes
@@ -77,6 +78,9 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
         _start_other_ranks(role, args, world_size, rendezvous)
     init_distributed(parallel, rank=args.rank, world_size=world_size,
                      init_method=f"file://{rendezvous}", seed=seed)
+    from tandem.parallel import device
+
+    device.set_memory_fraction(gpu_memory_fraction)
     return log
 
 

@@ -1,8 +1,10 @@
 """Real service processes for the service tests, started once per session.
 
 actor (colocated: it also serves RolloutService), reward, critic from the run's
-config.yaml, and a standalone rollout from a copy with rollout.mode=standalone, all
-started together (one process each) by the controller's launcher, as `tandem run` does.
+config.yaml, and two standalone rollouts (`rollout`, `rollout-1`: replicas) from a copy with
+rollout.mode=standalone, all started together (one process each) by the controller's
+launcher, as `tandem run` does. The standalone rollouts pull their weights from the actor
+(tandem/weights/).
 """
 import asyncio
 import os
@@ -39,6 +41,10 @@ class Services:
 
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
         return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id})
+
+    def source(self) -> str:
+        """The actor's endpoint: where the standalone rollouts pull weights from."""
+        return self.endpoints["actor"]
 
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
@@ -79,7 +85,7 @@ def services(tmp_path_factory):
 
     # all four start in parallel (Popen does not wait); then wait for their port files
     procs = launcher.start(["actor", "reward", "critic"], os.path.join(run_dir, "config.yaml"), run_dir, run_id, {})
-    more = launcher.start(["rollout"], standalone_yaml, run_dir, run_id, {})
+    more = launcher.start(["rollout", "rollout-1"], standalone_yaml, run_dir, run_id, {})
     procs.processes.update(more.processes)
     procs.logs.update(more.logs)
     try:
