@@ -95,6 +95,7 @@ class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollo
 class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
     transport: str = "auto"  # auto | stream | ipc | nccl (= collective; gloo on CPU)
     chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
+    streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
     bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
     timeout_s: float = 300.0  # a weight group's collectives and rendezvous
 
@@ -455,6 +456,7 @@ def _validate_standalone_rollout(cfg: TandemConfig, hf: Optional[dict]) -> None:
            f"{w.transport!r}; known: {sorted(CONFIG_VALUES)}")
     _check(0 < w.chunk_mb <= 256, f"{key}.weight_sync.chunk_mb", f"{w.chunk_mb} must be in (0, 256] MiB")
     _check(w.bucket_mb >= 1, f"{key}.weight_sync.bucket_mb", f"{w.bucket_mb} must be >= 1 MiB")
+    _check(1 <= w.streams <= 16, f"{key}.weight_sync.streams", f"{w.streams} must be in 1..16")
     _check(w.timeout_s > 0, f"{key}.weight_sync.timeout_s", "must be > 0")
     _check(1 <= s.rollout.replicas <= 64, "services.rollout.replicas", f"{s.rollout.replicas} must be in 1..64")
     if s.rollout.endpoint:

@@ -57,16 +57,18 @@ class SyncWeightsRequest(_message.Message):
     def __init__(self, weights_version: _Optional[int] = ..., source: _Optional[str] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class SyncWeightsResponse(_message.Message):
-    __slots__ = ("weights_version", "transport", "bytes", "seconds")
+    __slots__ = ("weights_version", "transport", "bytes", "seconds", "transfer_seconds")
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
     weights_version: int
     transport: _weights_pb2.WeightTransport
     bytes: int
     seconds: float
-    def __init__(self, weights_version: _Optional[int] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+    transfer_seconds: float
+    def __init__(self, weights_version: _Optional[int] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ...) -> None: ...
 
 class GetWeightsDigestRequest(_message.Message):
     __slots__ = ()

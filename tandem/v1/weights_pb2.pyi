@@ -66,12 +66,16 @@ class GetWeightsManifestResponse(_message.Message):
     def __init__(self, manifest: _Optional[_Union[WeightsManifest, _Mapping]] = ..., placement: _Optional[_Union[Placement, _Mapping]] = ...) -> None: ...
 
 class StreamWeightsRequest(_message.Message):
-    __slots__ = ("weights_version", "chunk_bytes")
+    __slots__ = ("weights_version", "chunk_bytes", "start", "end")
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     weights_version: int
     chunk_bytes: int
-    def __init__(self, weights_version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ...) -> None: ...
+    start: int
+    end: int
+    def __init__(self, weights_version: _Optional[int] = ..., chunk_bytes: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class WeightsChunk(_message.Message):
     __slots__ = ("offset", "data")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from tandem.logging import get_logger
 from tandem.rpc.errors import FailedPrecondition, Internal, InvalidArgument
+from tandem.weights import streams
 from tandem.weights import transport as T
 from tandem.weights.client import WeightSourceClient
 from tandem.weights.group import WeightGroup
@@ -35,7 +36,8 @@ class SyncResult:
     version: int
     transport: str | None  # None: nothing moved (already at that version)
     bytes: int
-    seconds: float
+    seconds: float  # the whole sync
+    transfer_seconds: float = 0.0  # moving the bytes into the staging buffers
 
 
 class WeightReceiver:
@@ -86,12 +88,14 @@ class WeightReceiver:
             if why:
                 raise FailedPrecondition(f"transport {kind}: {why}")
             move = {T.STREAM: self._stream, T.IPC: self._ipc, T.COLLECTIVE: self._collective}[kind]
+            t1 = time.perf_counter()
             moved = await move(client, manifest, placement, source)
+            transfer = time.perf_counter() - t1
             await self._ranks("commit", version, kind == T.STREAM)
             seconds = time.perf_counter() - t0
             log.info("weights.synced", version=version, transport=kind, bytes=moved, seconds=round(seconds, 4),
-                     gbps=round(moved / seconds / 1e9, 3))
-            return SyncResult(version, kind, moved, seconds)
+                     transfer_s=round(transfer, 4), gbps=round(moved / seconds / 1e9, 3))
+            return SyncResult(version, kind, moved, seconds, transfer)
 
     def _check(self, manifest: Manifest, what: str) -> None:
         problem = manifest.mismatch(self.staging.expected)
@@ -101,39 +105,9 @@ class WeightReceiver:
     # ---- stream ----------------------------------------------------------------------------
     async def _stream(self, client, manifest: Manifest, placement, source) -> int:
         chunk = max(1, int(self.cfg.chunk_mb * (1 << 20)))
-        total, at, seen, ended = manifest.total_bytes, 0, False, False
-        self.staging.begin_writes()
-        async for msg in client.stream(manifest.version, chunk):
-            if ended:
-                raise InvalidArgument("weights stream: a message after the end message")
-            if msg[0] == "manifest":
-                if seen:
-                    raise InvalidArgument("weights stream: a second manifest")
-                if msg[1].version != manifest.version:
-                    raise InvalidArgument(f"weights stream: version {msg[1].version}, asked {manifest.version}")
-                self._check(msg[1], "weights stream")
-                seen = True
-            elif msg[0] == "chunk":
-                _, offset, data = msg
-                if not seen:
-                    raise InvalidArgument("weights stream: a chunk before the manifest")
-                if offset != at:
-                    raise InvalidArgument(f"weights stream: a chunk at byte {offset}, expected {at}")
-                if not 0 < len(data) <= chunk or offset + len(data) > total:
-                    raise InvalidArgument(f"weights stream: a chunk of {len(data)} bytes at byte {offset} (chunks "
-                                          f"are 1..{chunk} bytes inside the {total}-byte layout)")
-                self.staging.write(offset, data)
-                at += len(data)
-            else:
-                _, end_version, end_bytes = msg
-                if (end_version, end_bytes, at) != (manifest.version, total, total):
-                    raise InvalidArgument(f"weights stream: ended at byte {at} with version {end_version} and "
-                                          f"{end_bytes} bytes; expected version {manifest.version}, {total} bytes")
-                ended = True
-        if not ended:
-            raise InvalidArgument(f"weights stream: ended after {at} of {total} bytes without its end message")
-        self.staging.end_writes()
-        return total
+        return await asyncio.get_running_loop().run_in_executor(
+            None, streams.receive, source, manifest, chunk, self.cfg.streams, self.staging.writer, self._check,
+            self.cfg.timeout_s)
 
     # ---- CUDA IPC ----------------------------------------------------------------------------
     async def _ipc(self, client, manifest: Manifest, placement, source) -> int:

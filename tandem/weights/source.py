@@ -28,7 +28,7 @@ import torch
 
 from tandem.logging import get_logger
 from tandem.parallel import device
-from tandem.rpc.errors import Aborted, FailedPrecondition, Unavailable
+from tandem.rpc.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
 from tandem.weights import wire
 from tandem.weights.group import WeightGroup
 from tandem.weights.layout import Manifest, byte_view, pieces, ranges
@@ -84,17 +84,21 @@ class WeightSource:
                           "(an update ran during the sync); sync again")
 
     # ---- stream --------------------------------------------------------------------------
-    async def stream(self, version: int, chunk_bytes: int) -> AsyncIterator:
-        """The manifest, chunk messages (pre-serialized bytes) in offset order, the end."""
+    async def stream(self, version: int, chunk_bytes: int, start: int = 0, end: int = 0) -> AsyncIterator:
+        """The manifest, chunk messages (pre-serialized bytes) of the flat range [start, end)
+        (end 0: the layout's end) in offset order, the end message."""
         snap = await self.snapshot(version)
         m = snap.manifest
+        end = end or m.total_bytes
+        if not 0 <= start <= end <= m.total_bytes:
+            raise InvalidArgument(f"start, end: [{start}, {end}) is not inside the {m.total_bytes}-byte layout")
         yield wire.manifest_message(m)
         block = max(chunk_bytes, READ_BLOCK // chunk_bytes * chunk_bytes)
-        for a, b in ranges(m.total_bytes, block):
+        for a, b in _sub(start, end, block):
             for message in await self._run(self._chunks, snap, a, b, chunk_bytes):
                 yield message
         self.check_intact(snap)
-        yield wire.end_message(m.version, m.total_bytes)
+        yield wire.end_message(m.version, end - start)
 
     def _chunks(self, snap: Snapshot, a: int, b: int, chunk_bytes: int) -> list[bytes]:
         """Chunk messages of the flat range [a, b): from the tensors' own memory on CPU, through

@@ -21,7 +21,8 @@ class WeightSourceServicer:
     async def StreamWeights(self, request, context):
         if not 0 < request.chunk_bytes <= MAX_CHUNK_BYTES:
             raise InvalidArgument(f"chunk_bytes: {request.chunk_bytes} must be in 1..{MAX_CHUNK_BYTES}")
-        async for message in self.weights.stream(request.weights_version, request.chunk_bytes):
+        async for message in self.weights.stream(request.weights_version, request.chunk_bytes, request.start,
+                                                 request.end):
             yield message
 
     async def ShareWeights(self, request, context):

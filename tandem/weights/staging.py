@@ -49,7 +49,6 @@ class WeightStaging:
                                             for m, p in zip(self.mappings, self.params)])
         self.buffer: torch.Tensor | None = None
         self.group: WeightGroup | None = None
-        self._pinned: list[torch.Tensor] = []
 
     # ---- every rank (through the rank group) ---------------------------------------------
     def placement(self) -> transport.Placement:
@@ -122,44 +121,54 @@ class WeightStaging:
         return out
 
     # ---- the front rank: stream chunks ---------------------------------------------------
-    def begin_writes(self) -> None:
+    def writer(self) -> HostWriter:
+        """A writer of one stream's chunks into the buffer (one per stream: they run in parallel)."""
         self.prepare()
-        self._block_start, self._fill, self._which = 0, 0, 0
-        if self.buffer.device.type != "cpu" and not self._pinned:
-            self._pinned = [device.pinned_empty(HOST_BLOCK) for _ in range(2)]
-        self._copied = [None, None]  # per pinned block: the event of its last device copy
+        return HostWriter(self.buffer)
+
+
+class HostWriter:
+    """Bytes [offset, offset + n) of the flat layout, written in order: straight into a host
+    buffer, or gathered in two pinned host blocks whose copies to the device overlap the
+    filling of the other."""
+
+    def __init__(self, buffer: torch.Tensor):
+        self.buffer = buffer
+        self.host = buffer.numpy() if buffer.device.type == "cpu" else None
+        if self.host is None:
+            self.blocks = [device.pinned_empty(HOST_BLOCK) for _ in range(2)]
+            self.views = [b.numpy() for b in self.blocks]
+            self.copied = [None, None]  # per block: the event of its last device copy
+        self.start, self.fill, self.which = 0, 0, 0
 
     def write(self, offset: int, data: memoryview) -> None:
-        """Bytes [offset, offset + len(data)) of the flat layout (in order, checked by the caller)."""
         n = len(data)
-        if self.buffer.device.type == "cpu":
-            self.buffer[offset: offset + n].numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+        if self.host is not None:
+            self.host[offset: offset + n] = np.frombuffer(data, dtype=np.uint8)
             return
-        if self._fill + n > HOST_BLOCK:
+        if self.fill + n > HOST_BLOCK or (self.fill and offset != self.start + self.fill):
             self._flush()
         if n > HOST_BLOCK:  # a chunk larger than a block goes on its own
             self.buffer[offset: offset + n].copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-            self._block_start = offset + n
             return
-        if self._fill == 0:
-            self._block_start = offset
-        self._pinned[self._which][self._fill: self._fill + n].numpy()[:] = np.frombuffer(data, dtype=np.uint8)
-        self._fill += n
+        if self.fill == 0:
+            self.start = offset
+        self.views[self.which][self.fill: self.fill + n] = np.frombuffer(data, dtype=np.uint8)
+        self.fill += n
 
     def _flush(self) -> None:
-        """Copy the filled pinned block to the device (asynchronously) and switch to the other
-        block once its own last copy has finished."""
-        if self._fill:
-            block = self._pinned[self._which][: self._fill]
-            self.buffer[self._block_start: self._block_start + self._fill].copy_(block, non_blocking=True)
-            self._copied[self._which] = device.record_event()
-            self._which ^= 1
-            if self._copied[self._which] is not None:
-                self._copied[self._which].synchronize()
-        self._block_start += self._fill
-        self._fill = 0
+        """Copy the filled block to the device (asynchronously) and switch to the other block
+        once its own last copy has finished."""
+        if self.fill:
+            block = self.blocks[self.which][: self.fill]
+            self.buffer[self.start: self.start + self.fill].copy_(block, non_blocking=True)
+            self.copied[self.which] = device.record_event()
+            self.which ^= 1
+            if self.copied[self.which] is not None:
+                self.copied[self.which].synchronize()
+        self.fill = 0
 
-    def end_writes(self) -> None:
-        if self.buffer.device.type != "cpu":
+    def close(self) -> None:
+        if self.host is None:
             self._flush()
             device.synchronize()
