@@ -4,7 +4,7 @@ The controller never touches the bytes (DESIGN §5): each replica pulls `version
 actor's endpoint itself (tandem/weights/receiver.py) and answers with the version it now
 serves, the transport and the bytes moved. All replicas sync concurrently from one export on
 the actor. Metrics: `timing_s/weight_sync` (wall time of the whole sync), `weight_sync/bytes`
-(summed over replicas), `weight_sync/gbps` (those bytes over that time), and
+(summed over replicas), `perf/weight_sync_gbps` (those bytes over that time), and
 `rollout/weights_version` (the version the next generation uses).
 """
 from __future__ import annotations

@@ -87,7 +87,8 @@ class ActorFront:
         """The same on rank 0's device, without a copy through the control plane (the weight
         plane's snapshot): -> {TP=1 name: tensor}."""
         self.door.everywhere("stage_export")
-        return self.local.exported
+        weights, self.local.exported = self.local.exported, None  # the caller owns them now
+        return weights
 
     def export_hf(self, out_dir: str) -> str:
         """The current policy as a Hugging Face directory (safetensors, config.json, tokenizer)."""

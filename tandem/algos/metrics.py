@@ -113,7 +113,7 @@ TIMING_WEIGHT_SYNC = _define(
 
 # ---- the weight plane (standalone rollout) ---------------------------------------
 WEIGHT_SYNC_BYTES = _define("weight_sync/bytes", "bytes the rollout replicas pulled in the step's weight sync, summed")
-WEIGHT_SYNC_GBPS = _define("weight_sync/gbps", "weight_sync/bytes / timing_s/weight_sync, in GB/s (1e9 bytes)")
+WEIGHT_SYNC_GBPS = _define("perf/weight_sync_gbps", "weight_sync/bytes / timing_s/weight_sync, in GB/s (1e9 bytes)")
 ROLLOUT_WEIGHTS_VERSION = _define(
     "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
 

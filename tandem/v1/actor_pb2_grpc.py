@@ -160,14 +160,14 @@ class ActorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ShareWeights(self, request, context):
-        """CUDA IPC handles of the version's tensors (a reader on the same GPU).
+        """A CUDA IPC handle of the version's flat layout on the GPU (a reader on the same GPU).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseWeights(self, request, context):
-        """Ends a ShareWeights read: OK only if the shared tensors held the version throughout.
+        """Ends a ShareWeights read: OK only if the shared bytes held the version throughout.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

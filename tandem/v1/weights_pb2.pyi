@@ -130,14 +130,14 @@ class ShareWeightsRequest(_message.Message):
     def __init__(self, weights_version: _Optional[int] = ...) -> None: ...
 
 class ShareWeightsResponse(_message.Message):
-    __slots__ = ("manifest", "device_uuid", "tensors")
+    __slots__ = ("manifest", "device_uuid", "flat")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
-    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    FLAT_FIELD_NUMBER: _ClassVar[int]
     manifest: WeightsManifest
     device_uuid: str
-    tensors: _containers.RepeatedCompositeFieldContainer[CudaIpcTensor]
-    def __init__(self, manifest: _Optional[_Union[WeightsManifest, _Mapping]] = ..., device_uuid: _Optional[str] = ..., tensors: _Optional[_Iterable[_Union[CudaIpcTensor, _Mapping]]] = ...) -> None: ...
+    flat: CudaIpcTensor
+    def __init__(self, manifest: _Optional[_Union[WeightsManifest, _Mapping]] = ..., device_uuid: _Optional[str] = ..., flat: _Optional[_Union[CudaIpcTensor, _Mapping]] = ...) -> None: ...
 
 class ReleaseWeightsRequest(_message.Message):
     __slots__ = ("weights_version",)

@@ -41,9 +41,9 @@ class WeightSourceClient(ServiceClient):
         async for data in self._stream("StreamWeights", request):
             yield wire.parse_stream_message(data)
 
-    async def share(self, version: int) -> tuple[Manifest, str, list[dict]]:
+    async def share(self, version: int) -> tuple[Manifest, str, dict]:
         r = await self.call("ShareWeights", weights_pb2.ShareWeightsRequest(weights_version=version))
-        return wire.manifest_from_pb(r.manifest), r.device_uuid, [wire.ipc_from_pb(t) for t in r.tensors]
+        return wire.manifest_from_pb(r.manifest), r.device_uuid, wire.ipc_from_pb(r.flat)
 
     async def release(self, version: int) -> None:
         await self.call("ReleaseWeights", weights_pb2.ReleaseWeightsRequest(weights_version=version))

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from tandem.logging import get_logger
-from tandem.rpc.errors import FailedPrecondition, Internal, InvalidArgument
+from tandem.rpc.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
 from tandem.weights import streams
 from tandem.weights import transport as T
 from tandem.weights.client import WeightSourceClient
@@ -113,8 +113,6 @@ class WeightReceiver:
     async def _ipc(self, client, manifest: Manifest, placement, source) -> int:
         shared, device_uuid, fields = await client.share(manifest.version)
         self._check(shared, "ShareWeights")
-        if len(fields) != len(manifest.tensors):
-            raise InvalidArgument(f"ShareWeights: {len(fields)} handles for {len(manifest.tensors)} tensors")
         await self._ranks("receive_ipc", device_uuid, fields)
         await client.release(manifest.version)  # the source's copy was that version throughout
         return manifest.total_bytes
@@ -144,8 +142,8 @@ class WeightReceiver:
         log.info("weights.group_joined", group=group_id, source=source, size=size, backend=backend)
 
     async def _broadcast(self, client, manifest: Manifest) -> int:
-        bucket = self.cfg.bucket_mb << 20
-        replies = client.broadcast(self._group[0], manifest.version, bucket).__aiter__()
+        bucket, group_id = self.cfg.bucket_mb << 20, self._group[0]
+        replies = client.broadcast(group_id, manifest.version, bucket).__aiter__()
         kind, ready = await replies.__anext__()  # a refused request fails here: nothing posted yet
         if kind != "ready":
             raise Internal(f"BroadcastWeights: {kind} before ready")
@@ -157,7 +155,11 @@ class WeightReceiver:
             await asyncio.gather(receiving, return_exceptions=True)  # the ranks fail too (peer gone)
             self._group = None
             raise
-        await receiving
+        try:
+            await receiving
+        except RuntimeError as e:  # a rank's broadcast failed although the source finished
+            self._group = None
+            raise Unavailable(f"weight group {group_id}: receiving failed: {e}") from None
         return sent
 
     # ---- digest ------------------------------------------------------------------------------

@@ -2,16 +2,19 @@
 then served to every rollout replica from that one copy.
 
 `snapshot(version)` exports the current version on the model's worker thread (the TP/PP/EP
-gather of tandem/convert/reshard.py is collective over the actor's ranks; at TP = PP = EP = 1
-the snapshot is the parameters themselves, no copy) and keeps it on rank 0's device until a
-newer version is asked for. Transfers then read it off the worker thread, several at once:
-- `stream`: the manifest, chunks of the flat layout (read from the device in blocks through a
-  pinned host buffer), then an end message;
-- `share` / `release`: CUDA IPC handles of the tensors, and the confirmation after the
+gather of tandem/convert/reshard.py is collective over the actor's ranks) and keeps it on rank
+0's device until a newer version is asked for. On a GPU the snapshot is one flat buffer in the
+layout every transport moves (one device copy per version, one model's size of memory kept):
+IPC then shares one handle and the reader makes one copy, a broadcast bucket and a stream block
+are slices of it. On CPU it is the exported tensors themselves (at TP = PP = EP = 1 the
+parameters: no copy). Transfers read it off the worker thread, several at once:
+- `stream`: the manifest, chunks of a range of the flat layout (from a GPU through a pinned
+  host block), then an end message;
+- `share` / `release`: a CUDA IPC handle of the flat buffer, and the confirmation after the
   reader's copy;
 - `join` / `broadcast`: a weight group per receiver (tandem/weights/group.py), buckets of the
   flat layout broadcast from rank 0.
-A transfer that overlapped a weight update would be torn (the zero-copy snapshot is the live
+A transfer that overlapped a weight update could be torn (a CPU snapshot may be the live
 parameters), so every update first bumps the source's mutation count and a transfer ends by
 checking the count is the one its snapshot was taken at (a seqlock): a torn transfer ends
 ABORTED and the receiver keeps its old weights.
@@ -31,7 +34,7 @@ from tandem.parallel import device
 from tandem.rpc.errors import Aborted, FailedPrecondition, InvalidArgument, Unavailable
 from tandem.weights import wire
 from tandem.weights.group import WeightGroup
-from tandem.weights.layout import Manifest, byte_view, pieces, ranges
+from tandem.weights.layout import Manifest, byte_view, pieces, ranges, views
 from tandem.weights.transport import local_placement
 
 log = get_logger("tandem.weights.source")
@@ -43,6 +46,7 @@ class Snapshot:
     manifest: Manifest
     tensors: list[torch.Tensor]  # manifest order, contiguous, on the source's device
     epoch: int  # the source's mutation count when taken
+    flat: torch.Tensor | None = None  # GPU: the flat layout (uint8), `tensors` are views of it
 
 
 class WeightSource:
@@ -68,10 +72,11 @@ class WeightSource:
         async with self._lock:
             snap = self._snapshot
             if snap is None or snap.epoch != self._mutations():
+                flat = snap.flat if snap is not None else None  # reused when the size allows
                 self._snapshot = snap = None  # the old copy goes first: its memory may be needed
                 device.ipc_collect()
                 current, epoch, weights = await self._run_model(self._take)
-                snap = Snapshot(Manifest.of(current, weights), [t.contiguous() for t in weights.values()], epoch)
+                snap = await self._run_model(_snapshot_of, current, epoch, weights, flat)
                 self._snapshot = snap
                 log.info("weights.snapshot", version=current, tensors=len(weights), bytes=snap.manifest.total_bytes)
         if version is not None and version != snap.manifest.version:
@@ -103,13 +108,11 @@ class WeightSource:
     def _chunks(self, snap: Snapshot, a: int, b: int, chunk_bytes: int) -> list[bytes]:
         """Chunk messages of the flat range [a, b): from the tensors' own memory on CPU, through
         one pinned host block from a GPU."""
-        if snap.tensors[0].device.type == "cpu":
+        if snap.flat is None:
             host = [wire.tensor_bytes(byte_view(t)) for t in snap.tensors]
             return [wire.chunk_message(c0, _parts(snap.manifest, host, c0, c1)) for c0, c1 in _sub(a, b, chunk_bytes)]
         block = self._pinned(b - a)
-        for i, lo, hi in pieces(snap.manifest, a, b):
-            at = snap.manifest.tensors[i].offset + lo - a
-            block[at: at + hi - lo].copy_(byte_view(snap.tensors[i])[lo:hi], non_blocking=True)
+        block[: b - a].copy_(snap.flat[a:b], non_blocking=True)
         device.synchronize()
         return [wire.chunk_message(c0, [wire.tensor_bytes(block[c0 - a: c1 - a])]) for c0, c1 in _sub(a, b, chunk_bytes)]
 
@@ -120,15 +123,14 @@ class WeightSource:
         return buf
 
     # ---- CUDA IPC ------------------------------------------------------------------------
-    async def share(self, version: int) -> tuple[Manifest, str, list[dict]]:
-        """(manifest, GPU UUID, the IPC fields of each tensor)."""
+    async def share(self, version: int) -> tuple[Manifest, str, dict]:
+        """(manifest, GPU UUID, the IPC fields of the flat buffer)."""
         from tandem.weights import ipc
 
         snap = await self.snapshot(version)
-        if snap.tensors[0].device.type != "cuda":
+        if snap.flat is None:
             raise FailedPrecondition("ipc: the source's weights are not on a GPU")
-        fields = await self._run(lambda: [ipc.share(t) for t in snap.tensors])
-        return snap.manifest, self.placement.device_uuid, fields
+        return snap.manifest, self.placement.device_uuid, await self._run(ipc.share, snap.flat)
 
     async def release(self, version: int) -> None:
         """OK only if the shared tensors held `version` from the share until now."""
@@ -171,6 +173,21 @@ class WeightSource:
         yield "done", sent
 
 
+def _snapshot_of(version: int, epoch: int, weights: dict, flat: torch.Tensor | None) -> Snapshot:
+    """The snapshot of exported weights: on a GPU copied into one flat buffer (`flat` reused if
+    it has the size), on CPU the tensors as they are."""
+    manifest = Manifest.of(version, weights)
+    tensors = [t.contiguous() for t in weights.values()]
+    if not tensors or tensors[0].device.type == "cpu":
+        return Snapshot(manifest, tensors, epoch)
+    if flat is None or flat.numel() != manifest.total_bytes:
+        flat = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=tensors[0].device)
+    copies = views(flat, manifest)
+    torch._foreach_copy_(copies, tensors)
+    device.synchronize()
+    return Snapshot(manifest, copies, epoch, flat)
+
+
 def _sub(a: int, b: int, size: int) -> list[tuple[int, int]]:
     return [(a + x, a + y) for x, y in ranges(b - a, size)]
 
@@ -195,6 +212,9 @@ def _send_buckets(snap: Snapshot, group: WeightGroup, bucket_bytes: int) -> int:
     m = snap.manifest
     bucket = None
     for a, b in ranges(m.total_bytes, bucket_bytes):
+        if snap.flat is not None:
+            group.broadcast(snap.flat[a:b])
+            continue
         ps = list(pieces(m, a, b))
         if len(ps) == 1 and ps[0][2] - ps[0][1] == b - a:
             i, lo, hi = ps[0]

@@ -28,7 +28,7 @@ class WeightSourceServicer:
     async def ShareWeights(self, request, context):
         manifest, uuid, fields = await self.weights.share(request.weights_version)
         return weights_pb2.ShareWeightsResponse(manifest=wire.manifest_to_pb(manifest), device_uuid=uuid,
-                                                tensors=[wire.ipc_to_pb(f) for f in fields])
+                                                flat=wire.ipc_to_pb(fields))
 
     async def ReleaseWeights(self, request, context):
         await self.weights.release(request.weights_version)

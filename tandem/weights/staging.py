@@ -58,18 +58,18 @@ class WeightStaging:
         if self.buffer is None:
             self.buffer = torch.empty(self.expected.total_bytes, dtype=torch.uint8, device=device.device())
 
-    def receive_ipc(self, device_uuid: str, fields: list[dict]) -> None:
-        """Copy every tensor from the source's GPU memory into the staging buffer."""
+    def receive_ipc(self, device_uuid: str, fields: dict) -> None:
+        """Copy the source's flat buffer (same layout) from its GPU memory into the staging buffer."""
         from tandem.weights import ipc
 
         index = device.index_of_uuid(device_uuid)
         if index is None:
             raise ValueError(f"ipc: the source's GPU {device_uuid} is not visible to this rank")
         self.prepare()
-        shared = [ipc.open_tensor(f, s.dtype, s.shape, index) for f, s in zip(fields, self.expected.tensors)]
-        torch._foreach_copy_(views(self.buffer, self.expected), shared)
+        shared = ipc.open_tensor(fields, torch.uint8, (self.expected.total_bytes,), index)
+        self.buffer.copy_(shared)
         device.synchronize()
-        del shared  # closes this rank's mappings (torch's reference counter tells the source)
+        del shared  # closes this rank's mapping (torch's reference counter tells the source)
 
     def join(self, group_id: str, host: str, port: int, size: int, backend: str, timeout_s: float) -> None:
         """Join the weight group as rank 1 + this rank (the source is rank 0)."""

@@ -90,7 +90,7 @@ def test_tandem_run(case, tmp_path):
     if case == "rloo_kl":
         keys += ["actor/kl_loss", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]
     if "standalone" in case:  # the weight plane's metrics (controller/weight_sync.py)
-        keys += ["timing_s/weight_sync", "weight_sync/bytes", "weight_sync/gbps", "rollout/weights_version"]
+        keys += ["timing_s/weight_sync", "weight_sync/bytes", "perf/weight_sync_gbps", "rollout/weights_version"]
         # versions: 3 SFT steps, then one update per RL step
         assert [m["rollout/weights_version"] for m in step_lines] == [3 + s for s in range(1, STEPS + 1)]
         assert all(m["weight_sync/bytes"] > 0 for m in step_lines)

@@ -107,3 +107,12 @@ def test_split_prompts_balances_tokens_and_keeps_order():
     parts = split_prompts(list(range(1, 40)), 3)
     assert parts[0][0] == 0 and parts[-1][1] == 39 and all(a[1] == b[0] for a, b in zip(parts, parts[1:]))
     assert replica_roles(3) == ["rollout", "rollout-1", "rollout-2"]
+
+
+def test_stream_parts_cover_the_layout():
+    from tandem.weights.streams import parts
+
+    mib = 1 << 20
+    assert parts(10 * mib + 5, 2) == [(0, 6 * mib), (6 * mib, 10 * mib + 5)]
+    assert parts(3 * mib, 4) == [(0, mib), (mib, 2 * mib), (2 * mib, 3 * mib)]  # no part under 1 MiB
+    assert parts(100, 4) == [(0, 100)] and parts(0, 2) == [(0, 0)]
