@@ -41,13 +41,11 @@ def backend_class(name: str):
 class WeightGroup:
     """One rank's membership of a weight group (rank 0: the source)."""
 
-    def __init__(self, group_id: str, host: str, port: int, rank: int, size: int, backend: str,
-                 timeout_s: float, store: dist.TCPStore | None = None):
+    def __init__(self, group_id: str, host: str, port: int, rank: int, size: int, backend: str, timeout_s: float):
         self.group_id, self.rank, self.size, self.backend = group_id, rank, size, backend
         timeout = datetime.timedelta(seconds=timeout_s)
-        self.store = store if store is not None else dist.TCPStore(
-            host, port, size, is_master=False, timeout=timeout, wait_for_workers=False)
-        # the same store may host several groups over time: keys under the group's own prefix
+        self.store = dist.TCPStore(host, port, size, is_master=False, timeout=timeout, wait_for_workers=False)
+        # keys under the group's own prefix: a store never mixes two groups' rendezvous
         self.pg = backend_class(backend)(dist.PrefixStore(group_id, self.store), rank, size, timeout)
 
     @staticmethod

@@ -38,7 +38,7 @@ class WeightStaging:
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.tp = ps.get_tensor_model_parallel_world_size()
         params = dict(model.named_parameters())
-        self.mappings = [m for m in expand_mappings(shape)]
+        self.mappings = list(expand_mappings(shape))
         uncovered = sorted(set(params) - {m.megatron for m in self.mappings})
         missing = [m.megatron for m in self.mappings if m.megatron not in params]
         if uncovered or missing:
