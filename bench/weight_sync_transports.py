@@ -130,8 +130,9 @@ def sink(name: str, endpoint: str, transports: str, reps: int, chunk_mb: float, 
             await receiver.sync(1, endpoint, kind, True)  # warm-up: joins a group, opens handles
             seconds, transfer, sockets = [], [], []
             for _ in range(reps):
-                if kind == "stream":  # the loopback baseline right before each stream (shared, noisy hosts)
-                    sockets.append(socket_gbps(min(staging.expected.total_bytes, 1 << 30), reps=1))
+                if kind == "stream":  # the loopback baselines right before each stream (shared, noisy hosts)
+                    n = min(staging.expected.total_bytes, 1 << 30)
+                    sockets.append((socket_gbps(n, reps=1), socket_gbps(n, reps=1, hot=True)))
                 result = await receiver.sync(1, endpoint, kind, True)
                 seconds.append(result.seconds)
                 transfer.append(result.transfer_seconds)
@@ -163,29 +164,37 @@ def sink(name: str, endpoint: str, transports: str, reps: int, chunk_mb: float, 
         json.dump(out, f)
 
 
-def _socket_sender(port: int, total: int, size: int) -> None:
-    payload = bytes(size)
+def _socket_sender(port: int, total: int, size: int, hot: bool) -> None:
+    n = size if hot else total
+    data = memoryview(bytearray(os.urandom(1 << 20)) * -(-n >> 20))
     with socket.create_connection(("127.0.0.1", port)) as c:
         for a in range(0, total, size):
-            c.sendall(memoryview(payload)[: min(size, total - a)])
+            c.sendall(data[a % n: a % n + min(size, total - a)])
 
 
-def socket_gbps(total: int, size: int = 1 << 20, reps: int = 3) -> float:
-    """A plain TCP transfer of `total` bytes between two processes over 127.0.0.1 (best of reps):
-    the sender writes `size`-byte pieces of one buffer, the receiver reads into one buffer."""
+def socket_gbps(total: int, size: int = 1 << 20, reps: int = 3, hot: bool = False) -> float:
+    """A plain TCP transfer of `total` bytes between two processes over 127.0.0.1 (best of reps),
+    in `size`-byte pieces: from a `total`-byte buffer into another (the data motion of a sync,
+    without gRPC), or with `hot` the same `size` bytes again and again (the link's peak)."""
     import multiprocessing as mp
 
-    best = 0.0
+    import numpy as np
+
+    buf = bytearray(size if hot else total)
+    np.frombuffer(buf, dtype=np.uint8).fill(1)  # touched, as the staging buffer a sync writes into is
+    best, out = 0.0, memoryview(buf)
     for _ in range(reps):
         with socket.socket() as srv:
             srv.bind(("127.0.0.1", 0))
             srv.listen(1)
-            p = mp.get_context("spawn").Process(target=_socket_sender, args=(srv.getsockname()[1], total, size))
+            p = mp.get_context("spawn").Process(target=_socket_sender, args=(srv.getsockname()[1], total, size, hot))
             p.start()
             conn, _ = srv.accept()
-            buf = memoryview(bytearray(size))
             got, t0 = 0, time.perf_counter()
-            while (n := conn.recv_into(buf, size)) > 0:
+            while got < total:
+                at = 0 if hot else got
+                if (n := conn.recv_into(out[at: at + size], min(size, total - got))) <= 0:
+                    break
                 got += n
             best = max(best, got / (time.perf_counter() - t0) / 1e9)
             conn.close()
@@ -259,8 +268,9 @@ def run_transports(a) -> None:
           f"mean of {a.reps} syncs after a warm-up; {a.streams} streams of {a.chunk_mb:g} MiB chunks, collective buckets "
           f"{a.bucket_mb} MiB; transfer: moving the bytes into the staging buffer (the sync also reads the "
           "manifest, checks and swaps); transfer / loopback TCP: the median over the syncs of the stream's transfer "
-          "GB/s over a plain "
-          "TCP transfer of the same bytes (up to 1 GiB) between two processes on 127.0.0.1 run just before it")
+          "GB/s over that of a plain TCP transfer of the same bytes (up to 1 GiB) from one buffer into another, and "
+          "over that of 1 MiB sent again and again (hot in cache: the link's peak), both between two processes on "
+          "127.0.0.1 and run just before each sync")
     print("\n| shape | sink | transport | model bytes | sync | sync GB/s | transfer GB/s | swap alone "
           "| colocated TP=1 copy | sync / colocated | one device copy of the bytes | sync / device copy "
           "| transfer / loopback TCP | checked |")
@@ -271,9 +281,12 @@ def run_transports(a) -> None:
             continue
         sync = sum(r["seconds"]) / len(r["seconds"])
         gbps, copy_s = r["bytes"] / sync / 1e9, r["bytes"] / (r["copy_gbps"] * 1e9)
-        ratios = sorted(r["bytes"] / t / 1e9 / g for t, g in zip(r["transfer"], r["socket_gbps"]))
-        vs_socket = (f"{ratios[len(ratios) // 2]:.2f} (TCP {statistics.median(r['socket_gbps']):.2f} GB/s)"
-                     if ratios else "")
+        vs_socket = ""
+        if r["socket_gbps"]:
+            per = [[r["bytes"] / t / 1e9 / g[k] for t, g in zip(r["transfer"], r["socket_gbps"])] for k in (0, 1)]
+            tcp = [statistics.median(g[k] for g in r["socket_gbps"]) for k in (0, 1)]
+            vs_socket = (f"{statistics.median(per[0]):.2f} of {tcp[0]:.2f} GB/s; {statistics.median(per[1]):.2f} of "
+                         f"{tcp[1]:.2f} GB/s hot")
         moving = r["bytes"] / statistics.mean(r["transfer"]) / 1e9
         print(f"| {r['shape']} | {r['sink']} | {r['transport']} | {r['bytes'] / 1e9:.3f} GB | {sync * 1e3:.1f} ms "
               f"| {gbps:.2f} | {moving:.2f} | {r['commit_s'] * 1e3:.1f} ms | {r['colocated_s'] * 1e3:.1f} ms "

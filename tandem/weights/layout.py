@@ -11,6 +11,8 @@ Pure CPU bookkeeping: no transport, no model.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +58,10 @@ class Manifest:
     def of(cls, version: int, tensors: dict[str, torch.Tensor]) -> Manifest:
         return cls.build(version, [(k, t.dtype, tuple(t.shape)) for k, t in tensors.items()])
 
+    @functools.cached_property
+    def offsets(self) -> list[int]:
+        return [t.offset for t in self.tensors]
+
     def with_version(self, version: int) -> Manifest:
         return Manifest(version, self.tensors, self.total_bytes)
 
@@ -95,12 +101,14 @@ def pieces(manifest: Manifest, start: int, end: int) -> Iterator[tuple[int, int,
     """The tensors' bytes inside the flat range [start, end): (tensor index, first byte, last
     byte + 1) in tensor-byte coordinates, in order. Bytes between tensors (padding) belong to
     none."""
-    for i, spec in enumerate(manifest.tensors):
+    first = max(0, bisect.bisect_right(manifest.offsets, start) - 1)  # the last tensor starting at or before
+    for i in range(first, len(manifest.tensors)):
+        spec = manifest.tensors[i]
+        if spec.offset >= end:
+            return
         lo, hi = max(start, spec.offset), min(end, spec.offset + spec.nbytes)
         if lo < hi:
             yield i, lo - spec.offset, hi - spec.offset
-        if spec.offset >= end:
-            return
 
 
 def byte_view(t: torch.Tensor) -> torch.Tensor:
