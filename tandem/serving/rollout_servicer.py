@@ -61,6 +61,8 @@ class RolloutServicer:
         receiver = self._receiver()
         if not request.source:
             raise InvalidArgument("source: must be the host:port of the ActorService holding the weights")
+        if request.weights_version < 0:
+            raise InvalidArgument(f"weights_version: {request.weights_version} must be >= 0")
         result = await receiver.sync(request.weights_version, request.source,
                                      wire.transport_from_pb(request.transport), request.force)
         return rollout_pb2.SyncWeightsResponse(weights_version=result.version, bytes=result.bytes,

@@ -51,6 +51,7 @@ class WeightReceiver:
         self.configured = T.CONFIG_VALUES[cfg.transport]
         self._lock = asyncio.Lock()
         self._clients: dict[str, WeightSourceClient] = {}
+        self._stream_channels = streams.Channels()
         self._placements: list[T.Placement] | None = None
         self._store = None  # the weight group's rendezvous store (hosted here)
         self._group: tuple[str, str] | None = None  # (group id, source) of the current weight group
@@ -105,9 +106,9 @@ class WeightReceiver:
     # ---- stream ----------------------------------------------------------------------------
     async def _stream(self, client, manifest: Manifest, placement, source) -> int:
         chunk = max(1, int(self.cfg.chunk_mb * (1 << 20)))
+        channels = self._stream_channels.get(source, self.cfg.streams)
         return await asyncio.get_running_loop().run_in_executor(
-            None, streams.receive, source, manifest, chunk, self.cfg.streams, self.staging.writer, self._check,
-            self.cfg.timeout_s)
+            None, streams.receive, channels, manifest, chunk, self.staging.writer, self._check, self.cfg.timeout_s)
 
     # ---- CUDA IPC ----------------------------------------------------------------------------
     async def _ipc(self, client, manifest: Manifest, placement, source) -> int:

@@ -30,14 +30,36 @@ def parts(total: int, streams: int, align: int = 1 << 20) -> list[tuple[int, int
     return [(a, min(a + step, total)) for a in range(0, total, step)] or [(0, 0)]
 
 
-def receive(endpoint: str, manifest: Manifest, chunk: int, streams: int, writers, check, timeout_s: float) -> int:
-    """Read the whole layout of `manifest` from `endpoint`: writers() -> a fresh writer
-    (write(offset, data), close()) per stream; check(manifest, what) raises on a manifest that
-    is not the expected layout. Blocking; -> bytes received."""
+class Channels:
+    """Synchronous channels to one source, one per stream, kept from sync to sync (a new
+    connection per stream and sync costs a TCP and HTTP/2 handshake each time)."""
+
+    def __init__(self):
+        self.endpoint, self.channels = None, []
+
+    def get(self, endpoint: str, n: int) -> list[grpc.Channel]:
+        if endpoint != self.endpoint:
+            self.close()
+            self.endpoint = endpoint
+        while len(self.channels) < n:
+            self.channels.append(grpc.insecure_channel(endpoint, options=[
+                ("grpc.max_receive_message_length", MAX_MESSAGE), ("grpc.use_local_subchannel_pool", 1)]))
+        return self.channels[:n]
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()
+        self.endpoint, self.channels = None, []
+
+
+def receive(channels: list[grpc.Channel], manifest: Manifest, chunk: int, writers, check, timeout_s: float) -> int:
+    """Read the whole layout of `manifest` as one stream per channel: writers() -> a fresh
+    writer (write(offset, data), close()) per stream; check(manifest, what) raises on a manifest
+    that is not the expected layout. Blocking; -> bytes received."""
     calls: list = []
-    with ThreadPoolExecutor(streams, thread_name_prefix="tandem-stream") as pool:
-        futures = [pool.submit(_one, endpoint, manifest, chunk, a, b, writers(), check, timeout_s, calls)
-                   for a, b in parts(manifest.total_bytes, streams)]
+    with ThreadPoolExecutor(len(channels), thread_name_prefix="tandem-stream") as pool:
+        futures = [pool.submit(_one, channel, manifest, chunk, a, b, writers(), check, timeout_s, calls)
+                   for channel, (a, b) in zip(channels, parts(manifest.total_bytes, len(channels)))]
         try:
             return sum(f.result() for f in futures)
         except BaseException:
@@ -46,20 +68,19 @@ def receive(endpoint: str, manifest: Manifest, chunk: int, streams: int, writers
             raise
 
 
-def _one(endpoint: str, manifest: Manifest, chunk: int, start: int, end: int, writer, check,
+def _one(channel: grpc.Channel, manifest: Manifest, chunk: int, start: int, end: int, writer, check,
          timeout_s: float, calls: list) -> int:
     request = weights_pb2.StreamWeightsRequest(weights_version=manifest.version, chunk_bytes=chunk, start=start,
                                                end=end)
-    with grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", MAX_MESSAGE)]) as channel:
-        call = channel.unary_stream(METHOD, request_serializer=weights_pb2.StreamWeightsRequest.SerializeToString,
-                                    response_deserializer=None)(request, timeout=timeout_s)
-        calls.append(call)
-        try:
-            at = _read(call, manifest, chunk, start, end, writer, check)
-        except grpc.RpcError as e:
-            raise error_from_rpc(e, "ActorService.StreamWeights") from None
-        finally:
-            writer.close()
+    call = channel.unary_stream(METHOD, request_serializer=weights_pb2.StreamWeightsRequest.SerializeToString,
+                                response_deserializer=None)(request, timeout=timeout_s)
+    calls.append(call)
+    try:
+        at = _read(call, manifest, chunk, start, end, writer, check)
+    except grpc.RpcError as e:
+        raise error_from_rpc(e, "ActorService.StreamWeights") from None
+    finally:
+        writer.close()
     return at - start
 
 
