@@ -78,13 +78,16 @@ def byte_sums(tensors) -> list[int]:
 def source(name: str, port_file: str, sums_file: str) -> None:
     from tandem.rpc.server import run_server, serve
     from tandem.serving.worker_thread import WorkerThread
-    from tandem.weights.source import WeightSource
+    from tandem.weights.source import WeightSource, _snapshot_of
     from tandem.weights.source_servicer import WeightSourceServicer
 
     shape, model = build(name, seed=1)
     weights = tp1_params(model, shape)
+    flat = _snapshot_of(1, 0, weights, None).flat  # what each new version costs the source (GPU: a copy)
+    snapshot_s = _timed(lambda: _snapshot_of(1, 0, weights, flat), 3)
     with open(sums_file, "w") as f:
-        json.dump(byte_sums(weights.values()), f)
+        json.dump({"sums": byte_sums(weights.values()), "snapshot_s": snapshot_s}, f)
+    del flat
     thread = WorkerThread("bench-source")
     servicer = WeightSourceServicer()
     servicer.weights = WeightSource(lambda: (1, 0, weights), thread.run, lambda: 0)
@@ -121,8 +124,9 @@ def sink(name: str, endpoint: str, transports: str, reps: int, chunk_mb: float, 
     thread = WorkerThread("bench-sink")
     cfg = WeightSyncConfig(chunk_mb=chunk_mb, bucket_mb=bucket_mb, streams=streams)
     with open(sums_file) as f:
-        want = json.load(f)
-    out = {"bytes": staging.expected.total_bytes, "transports": {}}
+        source_info = json.load(f)
+    want = source_info["sums"]
+    out = {"bytes": staging.expected.total_bytes, "transports": {}, "snapshot_s": source_info["snapshot_s"]}
 
     async def run():
         receiver = WeightReceiver(group, staging, thread, cfg, "127.0.0.1")
@@ -270,14 +274,15 @@ def run_transports(a) -> None:
           "manifest, checks and swaps); transfer / loopback TCP: the median over the syncs of the stream's transfer "
           "GB/s over that of a plain TCP transfer of the same bytes (up to 1 GiB) from one buffer into another, and "
           "over that of 1 MiB sent again and again (hot in cache: the link's peak), both between two processes on "
-          "127.0.0.1 and run just before each sync")
+          "127.0.0.1 and run just before each sync; source snapshot: what each new version costs the source before "
+          "any replica syncs (GPU: one copy into its flat buffer; the syncs here repeat one version)")
     print("\n| shape | sink | transport | model bytes | sync | sync GB/s | transfer GB/s | swap alone "
-          "| colocated TP=1 copy | sync / colocated | one device copy of the bytes | sync / device copy "
-          "| transfer / loopback TCP | checked |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+          "| source snapshot | colocated TP=1 copy | sync / colocated | (sync + snapshot) / colocated "
+          "| one device copy of the bytes | sync / device copy | transfer / loopback TCP | checked |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         if "skipped" in r:
-            print(f"| {r['shape']} | {r['sink']} | {r['transport']} | | skipped: {r['skipped']} | | | | | | | | | |")
+            print(f"| {r['shape']} | {r['sink']} | {r['transport']} | | skipped: {r['skipped']} |" + " |" * 11)
             continue
         sync = sum(r["seconds"]) / len(r["seconds"])
         gbps, copy_s = r["bytes"] / sync / 1e9, r["bytes"] / (r["copy_gbps"] * 1e9)
@@ -289,8 +294,10 @@ def run_transports(a) -> None:
                          f"{tcp[1]:.2f} GB/s hot")
         moving = r["bytes"] / statistics.mean(r["transfer"]) / 1e9
         print(f"| {r['shape']} | {r['sink']} | {r['transport']} | {r['bytes'] / 1e9:.3f} GB | {sync * 1e3:.1f} ms "
-              f"| {gbps:.2f} | {moving:.2f} | {r['commit_s'] * 1e3:.1f} ms | {r['colocated_s'] * 1e3:.1f} ms "
-              f"| {sync / r['colocated_s']:.2f} | {copy_s * 1e3:.1f} ms | {sync / copy_s:.1f} | {vs_socket} "
+              f"| {gbps:.2f} | {moving:.2f} | {r['commit_s'] * 1e3:.1f} ms | {r['snapshot_s'] * 1e3:.1f} ms "
+              f"| {r['colocated_s'] * 1e3:.1f} ms | {sync / r['colocated_s']:.2f} "
+              f"| {(sync + r['snapshot_s']) / r['colocated_s']:.2f} | {copy_s * 1e3:.1f} ms | {sync / copy_s:.1f} "
+              f"| {vs_socket} "
               f"| {'yes' if r['verified'] else 'NO'} |")
 
 

@@ -49,6 +49,7 @@ class WeightStaging:
                                             for m, p in zip(self.mappings, self.params)])
         self.buffer: torch.Tensor | None = None
         self.group: WeightGroup | None = None
+        self._shared: torch.Tensor | None = None  # the source's flat buffer, mapped (ipc)
 
     # ---- every rank (through the rank group) ---------------------------------------------
     def placement(self) -> transport.Placement:
@@ -69,7 +70,10 @@ class WeightStaging:
         shared = ipc.open_tensor(fields, torch.uint8, (self.expected.total_bytes,), index)
         self.buffer.copy_(shared)
         device.synchronize()
-        del shared  # closes this rank's mapping (torch's reference counter tells the source)
+        # Kept until the next sync: the source reuses its flat buffer from version to version, so the
+        # next open finds this mapping in torch's cache (no new cudaIpcOpenMemHandle) and only settles
+        # torch's reference count; a new buffer (a restarted source) replaces it and closes this one.
+        self._shared = shared
 
     def join(self, group_id: str, host: str, port: int, size: int, backend: str, timeout_s: float) -> None:
         """Join the weight group as rank 1 + this rank (the source is rank 0)."""
