@@ -91,6 +91,10 @@ class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollo
     top_k: int = -1
 
 
+# actor_rollout_ref.rollout.weight_sync.transport values (tandem/weights/transport.py maps them)
+WEIGHT_TRANSPORTS = ("auto", "stream", "ipc", "nccl", "collective")
+
+
 @dataclass
 class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
     transport: str = "auto"  # auto | stream | ipc | nccl (= collective; gloo on CPU)
@@ -450,10 +454,8 @@ def _validate_standalone_rollout(cfg: TandemConfig, hf: Optional[dict]) -> None:
     _check(tp == 1 or not _num_experts(hf), f"{key}.tensor_model_parallel_size",
            f"{tp}: a standalone rollout of a mixture-of-experts model runs at TP=1")
     w = r.weight_sync
-    from tandem.weights.transport import CONFIG_VALUES
-
-    _check(w.transport in CONFIG_VALUES, f"{key}.weight_sync.transport",
-           f"{w.transport!r}; known: {sorted(CONFIG_VALUES)}")
+    _check(w.transport in WEIGHT_TRANSPORTS, f"{key}.weight_sync.transport",
+           f"{w.transport!r}; known: {sorted(WEIGHT_TRANSPORTS)}")
     _check(0 < w.chunk_mb <= 256, f"{key}.weight_sync.chunk_mb", f"{w.chunk_mb} must be in (0, 256] MiB")
     _check(w.bucket_mb >= 1, f"{key}.weight_sync.bucket_mb", f"{w.bucket_mb} must be >= 1 MiB")
     _check(1 <= w.streams <= 16, f"{key}.weight_sync.streams", f"{w.streams} must be in 1..16")

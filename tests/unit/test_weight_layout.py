@@ -65,6 +65,12 @@ def test_stream_manifest_and_end_messages_parse():
         wire.parse_stream_message(b"\x07garbage")
 
 
+def test_transport_names_are_the_configs():
+    from tandem.config import WEIGHT_TRANSPORTS
+
+    assert set(T.CONFIG_VALUES) == set(WEIGHT_TRANSPORTS)
+
+
 def test_transport_pick():
     gpu0 = T.Placement("h", "cuda", "GPU-0", True)
     gpu1, cpu = T.Placement("h", "cuda", "GPU-1", True), T.Placement("h", "cpu", "", False)
