@@ -109,12 +109,12 @@ def _rendezvous_file(role: str) -> str:
 
 
 def load_tokenizer(cfg: TandemConfig):
-    from transformers import AutoTokenizer
+    from tandem.tokenizer import load_tokenizer as load
 
     path = cfg.actor_rollout_ref.model.tokenizer_path
     if not path:
         raise ValueError("actor_rollout_ref.model.tokenizer_path must be set (the controller sets it)")
-    return AutoTokenizer.from_pretrained(path)
+    return load(path)
 
 
 def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
