@@ -15,7 +15,7 @@ def main(argv=None) -> None:
     thread = WorkerThread("reward")
     try:
         run_server(serve([(SERVICE, RewardServicer(worker, thread))], role="reward",
-                         host=args.host, port=args.port, port_file=args.port_file))
+                         host=args.host, port=args.port, port_file=args.port_file, metrics_port=args.metrics_port))
     finally:
         thread.shutdown(wait=False)
 

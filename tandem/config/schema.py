@@ -220,6 +220,7 @@ class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    metrics_port: Optional[int] = None  # Prometheus /metrics of the service (rank 0); 0 = any free port (logged)
 
 
 @dataclass

@@ -19,6 +19,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from tandem.config.schema import TandemConfig
 from tandem.config.verl_keys import HONOURED, MAPPED, REFUSED, RULES, Rule
 
 UNKNOWN = "unknown"
@@ -85,7 +86,7 @@ class Outcome:
     kind: str  # HONOURED, MAPPED, REFUSED or UNKNOWN
     message: str = ""  # mapped: the notice; refused / unknown: the problem
     updates: dict = field(default_factory=dict)  # Tandem keys to set
-    verl_default: bool = False  # the value is verl's default (a mapped key then needs no notice)
+    verl_default: bool = False  # verl's default, and nothing to set: a mapped key then needs no notice
 
 
 @dataclass
@@ -130,7 +131,7 @@ def classify(key: str, value: Any, keys: TandemKeys, get) -> Outcome:
     if rule is None and tandem_key:
         if value is None and key in keys.defaults and key not in keys.optional:
             return Outcome(key, value, MAPPED, f"{key}=null (verl: unset) -> Tandem's default "
-                                               f"{keys.defaults[key]!r}")
+                                               f"{keys.defaults[key]!r}", verl_default=verl_defaults().get(key) is None)
         return Outcome(key, value, HONOURED, updates={key: value})
     if rule is None:
         return Outcome(key, value, UNKNOWN, unknown_key_message(key, keys))
@@ -144,7 +145,7 @@ def classify(key: str, value: Any, keys: TandemKeys, get) -> Outcome:
     except ValueError as e:
         return Outcome(key, value, REFUSED, refusal(key, value, str(e)))
     return Outcome(key, value, MAPPED, f"verl key {key}={value!r} -> {rule.why}", updates,
-                   verl_default=_same(value, verl_defaults().get(key, _NOTHING)))
+                   verl_default=not updates and _same(value, verl_defaults().get(key, _NOTHING)))
 
 
 _NOTHING = object()
@@ -194,3 +195,34 @@ def unknown_key_message(key: str, keys: TandemKeys) -> str:
     near = nearest_keys(key, candidates)
     hint = f"; did you mean {', '.join(near)}?" if near else ""
     return f"unknown config key {key!r} (neither Tandem's nor verl's){hint}"
+
+
+# ---- the README's table ---------------------------------------------------------------------------
+
+def rules_markdown() -> str:
+    """The README's three groups: verl keys Tandem has (honoured), mapped, refused (python -m prints it)."""
+    keys = TandemKeys.of(OmegaConf.structured(TandemConfig))
+    same = sorted(k for k in verl_defaults() if k in keys.defaults or
+                  (keys.under_free_form(k) and rule_for(k, _NOTHING, False) is None))
+    lines = ["Honoured (Tandem's key, verl's meaning): " + ", ".join(f"`{k}`" for k in same) + ".", "",
+             "| verl key | mapped to |", "| --- | --- |"]
+    lines += [f"| `{r.pattern}`{' (' + _when_text(r) + ')' if r.when else ''} | {_cell(r.why)} |"
+              for r in RULES if r.kind == MAPPED]
+    lines += ["", "| verl key | refused (verl's default, and any value listed, is accepted: Tandem does that) |",
+              "| --- | --- |"]
+    lines += [f"| `{r.pattern}` | {_cell(r.why)}{'; accepted: ' + ', '.join(map(repr, r.accept)) if r.accept else ''} |"
+              for r in RULES if r.kind == REFUSED]
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _when_text(rule: Rule) -> str:
+    return {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "actor_rollout_ref.rollout.mode": "sync, async",
+            "algorithm.rollout_correction.rollout_is": "set"}.get(rule.pattern, "some values")
+
+
+if __name__ == "__main__":
+    print(rules_markdown(), end="")

@@ -106,7 +106,7 @@ RM = "used only with reward_model.enable=true, which is refused"
 REWARD_PLUGIN = "serve the scorer behind protos/tandem/v1/reward.proto (services/reward/examples/" \
                 "external_server.py) and set services.reward.endpoint, or register a rule in services/reward/rules/"
 REF = "the reference lives in the actor service, with the actor's layout and settings"
-MBS = "deprecated in verl; use the *_micro_batch_size_per_gpu key"
+MBS = "deprecated in verl; use the matching ..._micro_batch_size_per_gpu key"
 
 RULES: tuple[Rule, ...] = (
     # ---- verl's values on Tandem keys of the same name ----

@@ -14,8 +14,9 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
 SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
-atomically once SERVING (removed at stop), per-RPC logs and optional
-Prometheus metrics via `tandem.rpc.interceptors`. Servicer methods are
+atomically once SERVING (removed at stop), per-RPC logs, optional
+Prometheus metrics via `tandem.rpc.interceptors` (`metrics_port`), and gRPC
+server reflection (grpcurl can list and describe every service). Servicer methods are
 `async def M(self, request, context)`; model work belongs on a
 `WorkerThread`, never on the loop.
 """
@@ -31,6 +32,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from tandem.logging import get_logger
 from tandem.metrics import RpcMetrics, start_metrics_server
@@ -124,6 +126,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_generic_rpc_handlers([_generic_handler(name, obj) for name, obj in servicers])
+    # reflection (grpcurl list/describe): the services, health, reflection itself, from the proto pool
+    reflection.enable_server_reflection([*names[1:], health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     bound = server.add_insecure_port(f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{role}: could not bind {host}:{port}")

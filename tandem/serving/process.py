@@ -34,6 +34,7 @@ class ServiceArgs:
     overrides: list = field(default_factory=list)
     rank: int = 0
     rendezvous: str | None = None
+    metrics_port: int | None = None  # Prometheus /metrics on rank 0 (0: any free port, logged)
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
@@ -44,13 +45,16 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"))
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port "
+                   f"(default: services.{role}.metrics_port; 0 = any free port)")
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for its children
     p.add_argument("--rendezvous", help=argparse.SUPPRESS)
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
+    metrics_port = a.metrics_port if a.metrics_port is not None else getattr(cfg.services, role).metrics_port
     return ServiceArgs(cfg, a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.rank, a.rendezvous)
+                       a.rank, a.rendezvous, metrics_port)
 
 
 def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
@@ -129,7 +133,8 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
         return
     thread = WorkerThread(role)
     try:
-        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file))
+        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file,
+                         metrics_port=args.metrics_port))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         group.stop()

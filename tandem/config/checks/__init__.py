@@ -29,7 +29,8 @@ def problems_of(cfg: TandemConfig) -> list[str]:
         try:
             topic_check(cfg)
         except ConfigError as e:
-            found.append(str(e))
+            if str(e) not in found:  # the layout checks read config.json too: one report of a bad file
+                found.append(str(e))
         except (ArithmeticError, TypeError, ValueError):
             if not found:  # a check tripping over a value an earlier check already refused
                 raise
