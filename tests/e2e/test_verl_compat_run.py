@@ -21,13 +21,15 @@ STEP_TIMINGS = ["gen", "reward", "old_log_prob", "adv", "update_actor", "update_
 # What the example needs besides paths to run on 2 CPU cores, and why (with only paths changed the
 # config error is exactly the first reason: tests/unit/test_verl_keys.py).
 CPU_CHANGES = [
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=1",  # generation does not run on PP stages: TP=1 copies
-    "trainer.n_gpus_per_node=4",  # 4 ranks (TP=2 x PP=2): 8 processes do not fit 2 cores
+    # Hugging Face weights import at PP=1 only (a config error says so): the example's PP=2 becomes 1
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",  # the reference follows the actor
+    "trainer.n_gpus_per_node=2",  # 2 ranks (TP=2): 8 processes do not fit 2 cores
     "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 1024 x 5 rows: hours on CPU
     "data.max_response_length=16",  # a random model rarely stops: 1024 tokens per row
     "trainer.total_epochs=1", "data.train_max_samples=8", "data.val_max_samples=8",  # 2 steps
     "trainer.sft.total_steps=0",  # Tandem's built-in SFT warm start (verl has none)
-    "services.startup_timeout_s=900",  # 4 megatron ranks importing on a shared, loaded 2-core machine
+    "services.startup_timeout_s=900",  # megatron ranks importing on a shared, loaded 2-core machine
 ]
 
 
