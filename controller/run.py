@@ -132,8 +132,10 @@ class Run:
         """Services up, warm start or restore, RL steps, final validation and checkpoint,
         services down; then summary.json and curves.png -> the summary."""
         t = self.cfg.trainer
+        s = self.cfg.services
         launcher = get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
-            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, self.cfg.services.startup_timeout_s))
+            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}))
         self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
                                  t.experiment_name, config=asdict(self.cfg))
         try:
@@ -222,7 +224,7 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
-                                     self.cfg.data.max_response_length)
+                                     self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
         samples = [] if self.cfg.trainer.log_val_generations else None

@@ -102,9 +102,10 @@ SCHEDULE = "Tandem's LR schedule is linear warmup over optim.lr_warmup_steps, th
 PROFILE = "profiling: use bench/profile_actor.py (torch.profiler) instead"
 LORA = "LoRA is not offered (full fine-tuning only)"
 MM = "multi-modal data and models are not supported"
-RM = "used only with reward_model.enable=true, which is refused"
-REWARD_PLUGIN = "serve the scorer behind protos/tandem/v1/reward.proto (services/reward/examples/" \
-                "external_server.py) and set services.reward.endpoint, or register a rule in services/reward/rules/"
+RM = "a setting of verl's reward-model workers: Tandem's reward model runs in the reward service " \
+     "(reward_model.enable, .model.path, .megatron.*, .micro_batch_size_per_gpu; services.reward.world_size)"
+REWARD_PLUGIN = "use custom_reward_function.path (a compute_score file), a rule in services/reward/rules/, or a " \
+                "scorer behind protos/tandem/v1/reward.proto with services.reward.endpoint"
 REF = "the reference lives in the actor service, with the actor's layout and settings"
 MBS = "deprecated in verl; use the matching ..._micro_batch_size_per_gpu key"
 
@@ -279,7 +280,6 @@ RULES: tuple[Rule, ...] = (
     mapped("actor_rollout_ref.hybrid_engine", "actor_rollout_ref.rollout.mode=standalone (a rollout service of "
            "its own)", lambda v, g: {} if v else {"actor_rollout_ref.rollout.mode": "standalone"}),
     # ---- reward ----
-    refused("reward_model.enable", "model-based reward is not offered in-process: " + REWARD_PLUGIN),
     refused("reward_model.reward_manager", "rows are scored one by one by rules (verl's naive manager; dapo's "
             "overlong shaping is reward_model.overlong_buffer)", "dapo"),
     refused("reward_manager.name", "rows are scored one by one by rules (verl's naive manager)", "dapo"),
@@ -289,8 +289,6 @@ RULES: tuple[Rule, ...] = (
     refused("reward_model.reward_loop_class_name", REWARD_PLUGIN),
     mapped("reward_model.launch_reward_fn_async", "the reward service scores while the controller waits on gRPC"),
     mapped("reward_model.*", RM),
-    refused("custom_reward_function.path", REWARD_PLUGIN),
-    refused("custom_reward_function.name", REWARD_PLUGIN),
     # ---- algorithm ----
     mapped("algorithm.rollout_correction.rollout_is", "actor_rollout_ref.actor.tis_imp_ratio_cap = "
            "rollout_is_threshold (token-level truncated importance sampling)", _rollout_is,

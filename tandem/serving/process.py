@@ -21,6 +21,7 @@ import torch
 
 from tandem.config import TandemConfig, load_config
 from tandem.logging import configure_logging, get_logger
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 
 @dataclass
@@ -34,6 +35,7 @@ class ServiceArgs:
     overrides: list = field(default_factory=list)
     rank: int = 0
     rendezvous: str | None = None
+    security: EndpointSecurity = PLAINTEXT  # TLS and token of this service's port (services.<role>.tls/.auth)
     metrics_port: int | None = None  # Prometheus /metrics on rank 0 (0: any free port, logged)
 
 
@@ -41,7 +43,7 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p = argparse.ArgumentParser(prog=f"python -m services.{role}",
                                 description=f"Tandem {role} service (gRPC)")
     p.add_argument("--config", help="run config YAML (defaults when omitted)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", help="address to bind (default: services.<role>.host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"))
@@ -52,9 +54,14 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     cfg = load_config(a.config, a.overrides)
-    metrics_port = a.metrics_port if a.metrics_port is not None else getattr(cfg.services, role).metrics_port
-    return ServiceArgs(cfg, a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.rank, a.rendezvous, metrics_port)
+    section = getattr(cfg.services, role)
+    try:
+        security = EndpointSecurity.from_section(section, f"services.{role}")
+    except ValueError as e:
+        p.error(str(e))
+    metrics_port = a.metrics_port if a.metrics_port is not None else section.metrics_port
+    return ServiceArgs(cfg, a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
+                       a.rank, a.rendezvous, security, metrics_port)
 
 
 def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
@@ -67,7 +74,7 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
     # one line per rank process: how tests and operators count a service's processes
     log.info("service.process", pid=os.getpid(), world_size=world_size)
     torch.set_num_threads(max(1, torch_threads))
-    if role == "reward":
+    if role == "reward" and shape is None:  # rules and functions only: no model, no ranks
         return log
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
@@ -134,7 +141,7 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
     thread = WorkerThread(role)
     try:
         run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file,
-                         metrics_port=args.metrics_port))
+                         security=args.security, metrics_port=args.metrics_port))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         group.stop()

@@ -121,13 +121,14 @@ def test_verl_example_with_local_paths_loads_but_for_one_reason(tmp_path):
 
 
 def test_refusals_say_why_and_hints_point_the_right_way():
-    t = taken(reward_model__enable=True, custom_reward_function__path="/r.py",
+    t = taken(reward_model__sandbox_fusion__url="http://sandbox", reward_manager__module__path="/m.py",
               actor_rollout_ref__actor__megatron__context_parallel_size=2,
               actor_rollout_ref__model__lora_rank=8)
     msgs = {o.key: o.message for o in t.outcomes}
     assert all(o.kind == REFUSED for o in t.outcomes)
-    assert msgs["reward_model.enable"].startswith("verl key 'reward_model.enable' is not supported by Tandem (")
-    assert "services.reward.endpoint" in msgs["custom_reward_function.path"]
+    assert msgs["reward_model.sandbox_fusion.url"].startswith(
+        "verl key 'reward_model.sandbox_fusion.url' is not supported by Tandem (")
+    assert "custom_reward_function.path" in msgs["reward_manager.module.path"]
     assert "context parallelism" in msgs["actor_rollout_ref.actor.megatron.context_parallel_size"]
     assert "LoRA" in msgs["actor_rollout_ref.model.lora_rank"]
     # verl's values Tandem behaves as anyway are honoured (verl's default, or an accepted value)
@@ -148,11 +149,11 @@ def test_refusals_say_why_and_hints_point_the_right_way():
 
 def test_all_problems_in_one_error():
     with pytest.raises(ConfigError) as e:
-        load_config(None, ["bogus.key=1", "data.prompt_keys=q", "reward_model.enable=true",
+        load_config(None, ["bogus.key=1", "data.prompt_keys=q", "reward_model.sandbox_fusion.url=http://sandbox",
                            "data.train_batch_size=abc", "actor_rollout_ref.rollout.top_p=2", "trainer.nnodes=2"])
     msg = str(e.value)
     assert msg.startswith("6 config problems:"), msg
-    for fragment in ("'bogus.key'", "'data.prompt_keys'", "'reward_model.enable' is not supported",
+    for fragment in ("'bogus.key'", "'data.prompt_keys'", "'reward_model.sandbox_fusion.url' is not supported",
                      "'data.train_batch_size'", "actor_rollout_ref.rollout.top_p: must be in (0, 1]",
                      "'trainer.nnodes' is not supported by Tandem (trainer.nnodes=2: the local launcher"):
         assert fragment in msg, (fragment, msg)
