@@ -9,7 +9,6 @@ from google.protobuf import descriptor_pool as _descriptor_pool
 from google.protobuf import runtime_version as _runtime_version
 from google.protobuf import symbol_database as _symbol_database
 from google.protobuf.internal import builder as _builder
-
 _runtime_version.ValidateProtobufRuntimeVersion(
     _runtime_version.Domain.PUBLIC,
     7,
@@ -24,6 +23,7 @@ _sym_db = _symbol_database.Default()
 
 
 from tandem.v1 import data_pb2 as tandem_dot_v1_dot_data__pb2
+
 
 DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/reward.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\"/\n\x0cScoreRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"i\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x01\x12\x1f\n\x05\x65xtra\x18\x02 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\'\n\x08\x66\x61ilures\x18\x03 \x03(\x0b\x32\x15.tandem.v1.RowFailure\")\n\nRowFailure\x12\x0b\n\x03row\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t2K\n\rRewardService\x12:\n\x05Score\x12\x17.tandem.v1.ScoreRequest\x1a\x18.tandem.v1.ScoreResponseb\x06proto3')
 
