@@ -25,7 +25,7 @@ from dataclasses import asdict
 
 from controller import checkpointing
 from controller.data import Cursor, collate, load_split, with_epoch_steps
-from controller.launchers import DEFAULT_LAUNCHER, LaunchContext, Launcher, endpoints, get_launcher
+from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
 from controller.roles import Roles, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
@@ -133,9 +133,9 @@ class Run:
         services down; then summary.json and curves.png -> the summary."""
         t = self.cfg.trainer
         s = self.cfg.services
-        launcher = get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
+        launcher = get_launcher(t.launcher)(LaunchContext(
             os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
-            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}))
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}, cfg=self.cfg))
         self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
                                  t.experiment_name, config=asdict(self.cfg))
         try:

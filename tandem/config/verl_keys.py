@@ -73,8 +73,8 @@ def _world_sizes(value, get) -> dict:
 
 def _nnodes(value, get) -> dict:
     if int(value) != 1:
-        raise ValueError("the local launcher starts every service on this machine; on several machines start "
-                         "each service by hand (python -m services.actor ...) and attach with services.<role>.endpoint")
+        raise ValueError("verl's node count is not mapped: place each service's ranks across machines with "
+                         "trainer.launcher=ray (services.<role>.ray) or compose, and services.<role>.world_size")
     return {}
 
 
@@ -302,7 +302,8 @@ RULES: tuple[Rule, ...] = (
     # ---- trainer ----
     mapped("trainer.n_gpus_per_node", "services.{actor, critic (gae), rollout (standalone)}.world_size = "
            "n_gpus_per_node x nnodes (each role's rank r on GPU r, colocated as in verl)", _world_sizes),
-    mapped("trainer.nnodes", "one machine (the local launcher)", _nnodes),
+    mapped("trainer.nnodes", "1: every rank from n_gpus_per_node (other counts: trainer.launcher=ray placement)",
+           _nnodes),
     mapped("trainer.balance_batch", "each mini-batch is split over data-parallel ranks in order"),
     mapped("trainer.esi_redundant_time", "no elastic-instance deadline"),
     refused("trainer.del_local_ckpt_after_load", "checkpoints are kept"),

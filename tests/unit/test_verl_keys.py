@@ -155,7 +155,7 @@ def test_all_problems_in_one_error():
     assert msg.startswith("6 config problems:"), msg
     for fragment in ("'bogus.key'", "'data.prompt_keys'", "'reward_model.sandbox_fusion.url' is not supported",
                      "'data.train_batch_size'", "actor_rollout_ref.rollout.top_p: must be in (0, 1]",
-                     "'trainer.nnodes' is not supported by Tandem (trainer.nnodes=2: the local launcher"):
+                     "'trainer.nnodes' is not supported by Tandem (trainer.nnodes=2: verl's node count is not mapped"):
         assert fragment in msg, (fragment, msg)
 
 
