@@ -129,7 +129,8 @@ def classify(key: str, value: Any, keys: TandemKeys, get) -> Outcome:
     tandem_key = keys.has(key)
     rule = rule_for(key, value, tandem_key and not keys.under_free_form(key))
     if rule is None and tandem_key:
-        if value is None and key in keys.defaults and key not in keys.optional:
+        if value is None and key in keys.defaults and key not in keys.optional and key in verl_defaults():
+            # a verl YAML's null (unset) on a key verl also has; null on a Tandem-only key stays an error
             return Outcome(key, value, MAPPED, f"{key}=null (verl: unset) -> Tandem's default "
                                                f"{keys.defaults[key]!r}", verl_default=verl_defaults().get(key) is None)
         return Outcome(key, value, HONOURED, updates={key: value})
