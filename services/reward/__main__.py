@@ -1,23 +1,30 @@
-"""Reward service: rule verifiers chosen per row by data_source. `python -m services.reward`."""
+"""Reward service: rule verifiers chosen per row by data_source. `python -m services.reward`.
+
+Long-lived (no --config): waits for LifecycleService.Configure (the run's
+reward_model.default_rule); with --config it takes that run at start. No ranks, no model.
+"""
 from __future__ import annotations
 
 from services.reward.servicer import SERVICE, RewardServicer
 from services.reward.worker import RewardWorker
-from tandem.rpc.server import run_server, serve
-from tandem.serving.process import init_service, parse_args
-from tandem.serving.worker_thread import WorkerThread
+from tandem.serving.process import run_service
+from tandem.serving.role import Built, Role
+
+
+class RewardRole(Role):
+    name = "reward"
+    service_names = (SERVICE,)
+    ranked = False
+
+    def build(self, cfg) -> Built:
+        return Built({"reward": RewardWorker(default_rule=cfg.reward_model.default_rule)})
+
+    def servicers(self, cfg, built, group, thread):
+        return {SERVICE: RewardServicer(built.targets["reward"], thread)}
 
 
 def main(argv=None) -> None:
-    args = parse_args("reward", argv)
-    init_service("reward", args, args.cfg.services.reward.torch_threads, seed=0)
-    worker = RewardWorker(default_rule=args.cfg.reward_model.default_rule)
-    thread = WorkerThread("reward")
-    try:
-        run_server(serve([(SERVICE, RewardServicer(worker, thread))], role="reward",
-                         host=args.host, port=args.port, port_file=args.port_file))
-    finally:
-        thread.shutdown(wait=False)
+    run_service(RewardRole(), argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -37,13 +38,23 @@ def _unknown_key(key: str, known: list[str]) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> TandemConfig:
-    """Defaults <- YAML file <- dotted overrides; returns a validated TandemConfig."""
+def load_config(path: str | None = None, overrides: list[str] | None = None, *,
+                text: str | None = None) -> TandemConfig:
+    """Defaults <- YAML file (or YAML `text`, e.g. a config sent over gRPC) <- dotted
+    overrides; returns a validated TandemConfig."""
     base = OmegaConf.structured(TandemConfig)
     try:
         layers = [base]
         if path:
             layers.append(OmegaConf.load(path))
+        if text and text.strip():
+            try:
+                layer = OmegaConf.create(text)
+            except yaml.YAMLError as e:
+                raise ConfigError(f"the config is not valid YAML: {' '.join(str(e).split())}") from None
+            if not OmegaConf.is_dict(layer):
+                raise ConfigError("the config is not a YAML mapping of sections (actor_rollout_ref:, data:, ...)")
+            layers.append(layer)
         if overrides:
             bad = [o for o in overrides if "=" not in o]
             if bad:

@@ -36,7 +36,14 @@ from tandem.logging import get_logger
 from tandem.metrics import RpcMetrics, start_metrics_server
 from tandem.rpc.errors import TandemError
 from tandem.rpc.interceptors import ContextInterceptor
-from tandem.v1 import actor_pb2, critic_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the descriptor pool)
+from tandem.v1 import (  # noqa: F401  (fill the descriptor pool)
+    actor_pb2,
+    controller_pb2,
+    critic_pb2,
+    lifecycle_pb2,
+    reward_pb2,
+    rollout_pb2,
+)
 
 _log = get_logger("tandem.rpc.server")
 
@@ -79,6 +86,30 @@ def _wrap(fn, service: str, method, input_full_name: str):
     return handler
 
 
+def _wrap_stream(fn, service: str, method, input_full_name: str):
+    """`_wrap` for a server-streaming method: `fn(request, context)` is an async generator."""
+    name = f"{service}.{method}"
+
+    async def handler(request, context):
+        if isinstance(request, _Unparsed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"request could not be parsed as {input_full_name}: {request.error}")
+        if fn is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+        try:
+            async for message in fn(request, context):
+                yield message
+        except TandemError as e:
+            await context.abort(e.code, str(e))
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+            _log.exception("rpc.internal_error", rpc=name)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+    return handler
+
+
 def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHandler:
     try:
         desc = descriptor_pool.Default().FindServiceByName(service_full_name)
@@ -86,16 +117,17 @@ def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHa
         raise ValueError(f"unknown gRPC service '{service_full_name}' (import its *_pb2 module first)") from None
     handlers = {}
     for m in desc.methods:
-        if m.client_streaming or m.server_streaming:
-            raise ValueError(f"{service_full_name}.{m.name}: streaming RPCs are not supported yet")
+        if m.client_streaming:
+            raise ValueError(f"{service_full_name}.{m.name}: client-streaming RPCs are not supported yet")
         req_cls = message_factory.GetMessageClass(m.input_type)
         fn = getattr(servicer, m.name, None)
         if fn is None:
             _log.warning("rpc.unimplemented", service=service_full_name, method=m.name)
-        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            _wrap(fn, desc.name, m.name, m.input_type.full_name),
-            request_deserializer=_lenient(req_cls),
-            response_serializer=lambda msg: msg.SerializeToString())
+        make, wrap = ((grpc.unary_stream_rpc_method_handler, _wrap_stream) if m.server_streaming
+                      else (grpc.unary_unary_rpc_method_handler, _wrap))
+        handlers[m.name] = make(wrap(fn, desc.name, m.name, m.input_type.full_name),
+                                request_deserializer=_lenient(req_cls),
+                                response_serializer=lambda msg: msg.SerializeToString())
     return grpc.method_handlers_generic_handler(service_full_name, handlers)
 
 
@@ -109,8 +141,14 @@ def _write_port_file(path: str, port: int) -> None:
 async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127.0.0.1", port: int = 0,
                 port_file: str | None = None, max_message_mb: int = 512, grace_s: float = 5.0,
                 on_ready: Callable[[], Awaitable[Any]] | None = None,
-                metrics_port: int | None = None) -> None:
-    """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation."""
+                metrics_port: int | None = None,
+                health_servicer: health.aio.HealthServicer | None = None,
+                held: Callable[[str], bool] = lambda name: False) -> None:
+    """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation.
+
+    health_servicer: pass one to change health statuses later (a long-lived service: its role's
+    service is SERVING only while it holds a run); names for which `held(name)` is true stay
+    NOT_SERVING when the server is ready."""
     max_bytes = max_message_mb * 1024 * 1024
     metrics = RpcMetrics(role)
     server = grpc.aio.server(
@@ -118,7 +156,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         options=[("grpc.max_send_message_length", max_bytes),
                  ("grpc.max_receive_message_length", max_bytes),
                  ("grpc.so_reuseport", 0)])
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_servicer or health.aio.HealthServicer()
     names = [""] + [name for name, _ in servicers]
     for name in names:  # the aio servicer starts "" as SERVING; we are not yet
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -144,7 +182,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         if on_ready is not None:
             await on_ready()
         for name in names:
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if not held(name):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if port_file:
             _write_port_file(port_file, bound)
         _log.info("server.serving", host=host, port=bound, services=names[1:],

@@ -1,111 +1,75 @@
-"""What every service's `__main__` does before it serves: arguments, logging, threads, ranks.
+"""What every service's `__main__` runs: arguments, logging, the run it holds, the gRPC server.
 
-A service is started as `python -m services.<role> --config RUN.yaml [--port-file F]`.
-The config is the run's resolved YAML (tandem.config); the role takes its own section.
+Two ways to start a service (rank 0, the gRPC front door):
 
-A service of several ranks (`services.<role>.world_size` > 1) is started the same way:
-that process is rank 0 (the gRPC front door); it validates the parallel layout, starts
-ranks 1..N-1 as child processes of the same module (`--rank i`), and all of them meet
-in torch.distributed. Children die with rank 0 (PR_SET_PDEATHSIG).
+- long-lived: `python -m services.<role> [--host H] [--port P | --port-file F] [--world-size N]`
+  starts with only what the process needs (role, bind address, ranks; the device follows
+  LOCAL_RANK) and holds no run: it waits for tandem.v1.LifecycleService.Configure (the run's
+  resolved config), serves that run until Release, then the next (tandem/serving/lifecycle.py).
+- for one run: `python -m services.<role> --config RUN.yaml [key=value ...]` configures itself
+  with that config before it serves (what `tandem run`'s local launcher does); Release and
+  Configure work on it as on a long-lived one.
+
+A service of several ranks starts ranks 1..N-1 as child processes of the same module
+(`--rank i`, with the rendezvous file and the layout); they follow rank 0's commands,
+configure included, and die with rank 0 (PR_SET_PDEATHSIG). A run that needs another world
+size or layout restarts them.
 """
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass, field
 
-import torch
-
-from tandem.config import TandemConfig, load_config
+from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import configure_logging, get_logger
+from tandem.parallel.layout import ParallelConfig
+from tandem.serving.role import Role
 
 
 @dataclass
 class ServiceArgs:
-    cfg: TandemConfig
     host: str
     port: int
     port_file: str | None
     run_id: str | None
     config_path: str | None = None
     overrides: list = field(default_factory=list)
+    world_size: int = 1
     rank: int = 0
     rendezvous: str | None = None
+    layout: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @property
+    def configure_at_start(self) -> bool:
+        return self.config_path is not None or bool(self.overrides)
+
+
+def _layout(text: str) -> ParallelConfig:
+    tp, pp, ep = (int(x) for x in text.split(","))
+    return ParallelConfig(tp, pp, ep)
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
     p = argparse.ArgumentParser(prog=f"python -m services.{role}",
-                                description=f"Tandem {role} service (gRPC)")
-    p.add_argument("--config", help="run config YAML (defaults when omitted)")
+                                description=f"Tandem {role} service (gRPC). Without --config or overrides it "
+                                            "holds no run until tandem.v1.LifecycleService.Configure.")
+    p.add_argument("--config", help="a run config YAML: configure with it at start (one-run mode)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
-    p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"))
+    p.add_argument("--world-size", type=int, default=1,
+                   help="ranks to start with (long-lived mode; a run that needs another number restarts them)")
+    p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"), help="the run id of --config's run")
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for its children
     p.add_argument("--rendezvous", help=argparse.SUPPRESS)
-    p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
+    p.add_argument("--layout", type=_layout, default=ParallelConfig(), help=argparse.SUPPRESS)
+    p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value (one-run mode)")
     a = p.parse_args(argv)
-    cfg = load_config(a.config, a.overrides)
-    return ServiceArgs(cfg, a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.rank, a.rendezvous)
-
-
-def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
-                 parallel=None, world_size: int = 1, shape=None):
-    """Logging, torch threads, and (for model roles) this rank's torch.distributed and
-    megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
-    groups, experts) and starts the other ranks first."""
-    configure_logging(role=role, rank=args.rank, run_id=args.run_id)
-    log = get_logger(f"services.{role}")
-    # one line per rank process: how tests and operators count a service's processes
-    log.info("service.process", pid=os.getpid(), world_size=world_size)
-    torch.set_num_threads(max(1, torch_threads))
-    if role == "reward":
-        return log
-    from tandem.parallel.layout import ParallelConfig, init_distributed
-
-    parallel = parallel or ParallelConfig()
-    if shape is not None:
-        parallel.validate(world_size, shape.num_attention_heads, shape.num_key_value_heads,
-                          shape.moe.num_experts if shape.moe else 0)
-    rendezvous = args.rendezvous
-    if args.rank == 0:
-        rendezvous = _rendezvous_file(role)
-        _start_other_ranks(role, args, world_size, rendezvous)
-    init_distributed(parallel, rank=args.rank, world_size=world_size,
-                     init_method=f"file://{rendezvous}", seed=seed)
-    return log
-
-
-def _start_other_ranks(role: str, args: ServiceArgs, world_size: int, rendezvous: str) -> None:
-    base = [sys.executable, "-m", f"services.{role}", "--rendezvous", rendezvous]
-    if args.config_path:
-        base += ["--config", args.config_path]
-    if args.run_id:
-        base += ["--run-id", args.run_id]
-    for rank in range(1, world_size):
-        env = dict(os.environ, LOCAL_RANK=str(rank))
-        subprocess.Popen(base + ["--rank", str(rank), *args.overrides], env=env,
-                         preexec_fn=_die_with_parent)
-
-
-def _die_with_parent() -> None:
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _rendezvous_file(role: str) -> str:
-    import tempfile
-
-    fd, path = tempfile.mkstemp(prefix=f"tandem-{role}-", suffix=".rdzv")
-    os.close(fd)
-    os.unlink(path)  # torch's FileStore creates it; a fresh name per service
-    return path
+    if a.world_size < 1:
+        p.error(f"--world-size must be >= 1, got {a.world_size}")
+    return ServiceArgs(a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides), a.world_size,
+                       a.rank, a.rendezvous, a.layout)
 
 
 def load_tokenizer(cfg: TandemConfig):
@@ -117,19 +81,59 @@ def load_tokenizer(cfg: TandemConfig):
     return AutoTokenizer.from_pretrained(path)
 
 
-def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
-    """Run a service's rank group: ranks > 0 follow rank 0's commands; rank 0 serves the
-    gRPC `servicers(thread)` (a list of (service name, servicer)) with model work on one
-    WorkerThread, until SIGTERM, then lets the running call finish and stops the ranks."""
-    from tandem.rpc.server import run_server, serve
+def run_service(role: Role, argv=None) -> None:
+    """A service process of `role` (see the module docstring) until SIGTERM."""
+    args = parse_args(role.name, argv)
+    if args.rank > 0:
+        _follow(role, args)
+        return
+    from tandem.rpc.server import run_server
+    from tandem.serving.lifecycle import RunHost
     from tandem.serving.worker_thread import WorkerThread
 
-    if not group.is_front:
-        group.follow()
-        return
-    thread = WorkerThread(role)
+    configure_logging(role=role.name, rank=0, run_id=args.run_id)
+    # one line per rank process: how tests and operators count a service's processes
+    get_logger(f"services.{role.name}").info("service.process", pid=os.getpid(), world_size=args.world_size)
+    host, thread = RunHost(role), WorkerThread(role.name)
     try:
-        run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file))
+        if args.configure_at_start:  # every model call, this one included, runs on the worker thread
+            cfg = load_config(args.config_path, args.overrides)
+            host.check_caller = args.run_id is not None  # started by hand: any caller's run id
+            thread.call(host.configure, args.run_id or "local", to_yaml(cfg), thread)
+        elif role.ranked:
+            thread.call(host.start_group, args.world_size, ParallelConfig())
+        run_server(_serve(role, args, host, thread))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
-        group.stop()
+        host.stop_group()
+
+
+async def _serve(role: Role, args: ServiceArgs, host, thread) -> None:
+    from grpc_health.v1 import health
+
+    from tandem.rpc.server import serve
+    from tandem.serving.lifecycle_servicer import SERVICE as LIFECYCLE_SERVICE
+    from tandem.serving.lifecycle_servicer import LifecycleServicer
+    from tandem.serving.slot import SlotServicer
+
+    health_servicer = health.aio.HealthServicer()
+    servicers = [(LIFECYCLE_SERVICE, LifecycleServicer(host, thread, health_servicer))]
+    servicers += [(name, SlotServicer(host, name)) for name in role.service_names]
+    await serve(servicers, role=role.name, host=args.host, port=args.port, port_file=args.port_file,
+                health_servicer=health_servicer,
+                held=lambda name: name in role.service_names and name not in host.servicers)
+
+
+def _follow(role: Role, args: ServiceArgs) -> None:
+    """Ranks > 0: join rank 0's group and run its commands (configure, release, work) until stop."""
+    from tandem.parallel.layout import init_distributed
+    from tandem.serving.lifecycle import LIFECYCLE, RankHost
+    from tandem.serving.rank_group import RankGroup
+
+    configure_logging(role=role.name, rank=args.rank)
+    get_logger(f"services.{role.name}").info("service.process", pid=os.getpid(), world_size=args.world_size)
+    init_distributed(args.layout, rank=args.rank, world_size=args.world_size,
+                     init_method=f"file://{args.rendezvous}", seed=0)
+    host = RankHost(role, args.rank)
+    host.group = RankGroup({LIFECYCLE: host})
+    host.group.follow()

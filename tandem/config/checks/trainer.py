@@ -12,6 +12,8 @@ from tandem.config.schema import TandemConfig
 LOGGERS = ("console", "jsonl", "tensorboard")
 # trainer.resume_mode: start fresh, the latest checkpoint of this experiment, or trainer.resume_from_path.
 RESUME_MODES = ("disable", "auto", "resume_path")
+# trainer.on_controller_restart: what a restarted controller service does with the run it was running.
+RESTART_POLICIES = ("resume", "fail")
 
 
 def check_data(cfg: TandemConfig) -> None:
@@ -27,6 +29,8 @@ def check_trainer(cfg: TandemConfig) -> None:
     check(t.resume_mode in RESUME_MODES, "trainer.resume_mode", f"{t.resume_mode!r}; known: {sorted(RESUME_MODES)}")
     check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
           "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
+    check(t.on_controller_restart in RESTART_POLICIES, "trainer.on_controller_restart",
+          f"{t.on_controller_restart!r}; known: {', '.join(RESTART_POLICIES)}")
     check(t.save_freq >= 0, "trainer.save_freq", "must be >= 0")
     check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
 

@@ -1,0 +1,214 @@
+"""A long-lived service's hold on one run: Configure builds it on every rank, Release drops it.
+
+`RankHost` is every rank's "lifecycle" target in the rank group: it loads the run's config,
+seeds, builds the role's workers (`Role.build`) and registers them as rank-group targets;
+release drops them, collects garbage and empties the device cache. `RunHost` (rank 0) owns
+the rank group: on Configure it (re)starts the ranks when the run needs another world size or
+TP x PP x EP layout (rank 0 stops its children, re-initialises torch.distributed and
+megatron's parallel_state, and starts new children), broadcasts the configure command,
+and builds the servicers the gRPC proxies forward to (tandem/serving/slot.py).
+
+Everything here runs on the service's WorkerThread (model work is serialised with the
+RPCs), except `interrupt` and `describe`, which answer from the event loop at once.
+
+Deliberately not here: the gRPC edge (lifecycle_servicer.py), process arguments (process.py).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+import torch
+
+from tandem.config import load_config
+from tandem.generation import interrupt
+from tandem.logging import configure_logging, get_logger
+from tandem.parallel import device
+from tandem.parallel.layout import ParallelConfig, init_distributed
+from tandem.serving.role import Built, Role
+
+LIFECYCLE = "lifecycle"  # the rank-group target every rank has
+_log = get_logger("tandem.serving.lifecycle")
+
+
+class RankHost:
+    """One rank's share of the held run."""
+
+    def __init__(self, role: Role, rank: int):
+        self.role, self.rank = role, rank
+        self.group = None  # the RankGroup whose targets this host fills (None: no ranks)
+        self.built: Built | None = None
+
+    def configure(self, run_id: str, config_yaml: str) -> int:
+        """Build this rank's workers for the run -> this process's pid."""
+        cfg = load_config(text=config_yaml)
+        configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
+        torch.set_num_threads(max(1, self.role.section(cfg).torch_threads))
+        if self.role.ranked:  # the same weights as a service started for this run alone
+            device.manual_seed(self.role.seed(cfg))
+        self.built = self.role.build(cfg)
+        if self.group is not None:
+            self.group.targets.update(self.built.targets)
+        _log.info("run.configured", run=run_id, pid=os.getpid())
+        return os.getpid()
+
+    def release(self) -> int:
+        """Drop this rank's workers (model, optimizer, KV cache) and free their memory -> pid."""
+        if self.built is not None and self.group is not None:
+            for name in self.built.targets:
+                self.group.targets.pop(name, None)
+        self.built = None
+        gc.collect()
+        device.empty_cache()
+        configure_logging(role=self.role.name, rank=self.rank, run_id=None)
+        return os.getpid()
+
+
+class RunHost:
+    """Rank 0: the held run, the rank group and its child processes."""
+
+    def __init__(self, role: Role):
+        self.role = role
+        self.rank_host = RankHost(role, rank=0)
+        self.group = None
+        self.children: list[subprocess.Popen] = []
+        self.layout: tuple[int, ParallelConfig] | None = None
+        self.run_id: str | None = None
+        self.pending: str | None = None  # a Configure on its way (set on the event loop)
+        self.servicers: dict[str, Any] = {}
+        self.check_caller = True  # refuse calls tagged with another run's x-run-id (slot.py)
+
+    @property
+    def holder(self) -> str | None:
+        return self.run_id or self.pending
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()] + [c.pid for c in self.children]
+
+    # ---- on the worker thread ----------------------------------------------------------
+
+    def configure(self, run_id: str, config_yaml: str, thread) -> tuple[list[int], bool]:
+        """Take the run -> (its rank pids, whether the ranks were restarted for its layout)."""
+        cfg = load_config(text=config_yaml)  # ConfigError: the servicer answers INVALID_ARGUMENT
+        restarted = False
+        interrupt.clear()
+        if self.role.ranked:
+            world, parallel = self.role.layout(cfg)
+            self.role.check_layout(cfg)
+            if self.layout != (world, parallel):
+                restarted = self.layout is not None
+                self.start_group(world, parallel)
+            try:
+                pids = self.group.run_ranks(LIFECYCLE, "configure", [(run_id, config_yaml)] * self.group.world)
+            except BaseException:
+                self._release_ranks()
+                raise
+        else:
+            pids = [self.rank_host.configure(run_id, config_yaml)]
+        self.servicers = self.role.servicers(cfg, self.rank_host.built, self.group, thread)
+        self.run_id = run_id
+        return pids, restarted
+
+    def release(self) -> str | None:
+        """Give the run back -> its id (None when nothing was held)."""
+        held, self.run_id, self.servicers = self.run_id, None, {}
+        self._release_ranks()
+        interrupt.clear()
+        _log.info("run.released", run=held)
+        return held
+
+    def _release_ranks(self) -> None:
+        if self.group is not None:
+            self.group.run_ranks(LIFECYCLE, "release", [()] * self.group.world)
+        else:
+            self.rank_host.release()
+
+    def start_group(self, world: int, parallel: ParallelConfig) -> None:
+        """(Re)start the rank group: `world` processes (this one and world - 1 children) in
+        torch.distributed, megatron's parallel_state laid out as `parallel`."""
+        from tandem.serving.rank_group import RankGroup
+
+        self.stop_group()
+        rendezvous = _rendezvous_file(self.role.name)
+        self.children = [_start_rank(self.role.name, rank, world, parallel, rendezvous) for rank in range(1, world)]
+        init_distributed(parallel, rank=0, world_size=world, init_method=f"file://{rendezvous}", seed=0)
+        self.group = RankGroup({LIFECYCLE: self.rank_host})
+        self.rank_host.group = self.group
+        self.layout = (world, parallel)
+        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
+
+    def stop_group(self) -> None:
+        """Stop the children and tear down torch.distributed and parallel_state (no-op without ranks)."""
+        if self.group is None:
+            return
+        from megatron.core import parallel_state as ps
+
+        self.group.stop()
+        for child in self.children:
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        ps.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+        self.group = self.rank_host.group = None
+        self.children, self.layout = [], None
+
+    # ---- on the event loop -------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """The held run is being cancelled: cut its generations (tandem/generation/interrupt.py)."""
+        interrupt.request()
+
+    def describe(self) -> dict:
+        world, parallel = self.layout or (1, ParallelConfig())
+        return {"role": self.role.name, "run_id": self.run_id or "", "world_size": world, "pids": self.pids,
+                "tensor_parallel": parallel.tp, "pipeline_parallel": parallel.pp,
+                "expert_parallel": parallel.ep, "tensor_bytes": live_tensor_bytes(),
+                "interrupted": interrupt.requested()}
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of the distinct storages of every live torch tensor in this process: what a held
+    run keeps (models, optimizer state, KV cache), close to 0 once it is released."""
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(): isinstance would ask lazy modules for __class__
+            continue
+        try:
+            storage = obj.untyped_storage()
+            ptr = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):  # meta, sparse and other storage-less tensors
+            continue
+        if ptr and ptr not in seen:
+            seen.add(ptr)
+            total += storage.nbytes()
+    return total
+
+
+def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, rendezvous: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", f"services.{role}", "--rank", str(rank), "--world-size", str(world),
+           "--rendezvous", rendezvous, "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
+    return subprocess.Popen(cmd, env=dict(os.environ, LOCAL_RANK=str(rank)), preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+
+
+def _rendezvous_file(role: str) -> str:
+    fd, path = tempfile.mkstemp(prefix=f"tandem-{role}-", suffix=".rdzv")
+    os.close(fd)
+    os.unlink(path)  # torch's FileStore creates it; a fresh name per rank group
+    return path

@@ -1,0 +1,54 @@
+"""What a service's `__main__` tells the generic service process about its role.
+
+A `Role` says which gRPC services the role serves, how a run's config lays it out (world
+size, TP x PP x EP), and how to build one run's workers on a rank (`build`, every rank) and
+its servicers over them (`servicers`, rank 0). tandem/serving/lifecycle.py calls these on
+Configure and drops what they returned on Release; tandem/serving/process.py runs the process.
+
+Deliberately not here: the workers and servicers themselves (services/<role>/).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from tandem.config import TandemConfig
+from tandem.parallel.layout import ParallelConfig
+
+
+@dataclass
+class Built:
+    """One rank's share of a run: the rank group's targets, and rank-local extras the
+    servicers need (a tokenizer, a front door)."""
+
+    targets: dict[str, Any]
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+class Role(ABC):
+    name: str  # actor | rollout | critic | reward
+    service_names: tuple[str, ...]  # the role's gRPC services, e.g. ("tandem.v1.ActorService",)
+    ranked: bool = True  # a model service (rank group, torch.distributed); reward is not
+
+    def section(self, cfg: TandemConfig):
+        """services.<role>: world size, torch threads."""
+        return getattr(cfg.services, self.name)
+
+    def layout(self, cfg: TandemConfig) -> tuple[int, ParallelConfig]:
+        """(world size, TP x PP x EP) the run needs; a different one restarts the ranks."""
+        return self.section(cfg).world_size, ParallelConfig()
+
+    def check_layout(self, cfg: TandemConfig) -> None:
+        """ValueError naming the numbers when the run's layout cannot hold its model."""
+
+    def seed(self, cfg: TandemConfig) -> int:
+        return cfg.actor_rollout_ref.actor.megatron.seed
+
+    @abstractmethod
+    def build(self, cfg: TandemConfig) -> Built:
+        """This rank's workers for a run of `cfg` (called on every rank, after seeding)."""
+
+    @abstractmethod
+    def servicers(self, cfg: TandemConfig, built: Built, group, thread) -> dict[str, Any]:
+        """Rank 0: {service name: servicer} over the rank group, for the services this run uses."""
