@@ -11,6 +11,7 @@ import sys
 import time
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
@@ -107,7 +108,8 @@ def _when(t: float) -> str:
 
 def _runs_table(runs: list[dict]) -> Table:
     table = Table(title="Tandem runs")
-    for col in ("run", "state", "step", "submitted", "started", "finished", "run directory"):
+    table.add_column("run", no_wrap=True)
+    for col in ("state", "step", "submitted", "started", "finished", "run directory"):
         table.add_column(col)
     for r in runs:
         state = r["state"] + (" (cancelling)" if r["cancel_requested"] and r["state"] == "running" else "")
@@ -131,7 +133,7 @@ def _status(client: ControllerClient, ns) -> int:
     details.add_column("value")
     for key in ("state", "experiment", "source", "overrides", "run_dir", "last_step", "total_steps",
                 "resumed_from", "error", "service_pids"):
-        details.add_row(key, str(record[key]) if record[key] not in ("", None, [], {}) else "-")
+        details.add_row(key, escape(str(record[key])) if record[key] not in ("", None, [], {}) else "-")
     for key in ("created", "started", "finished"):
         details.add_row(key, _when(record[key]))
     if record["summary"]:
@@ -140,7 +142,7 @@ def _status(client: ControllerClient, ns) -> int:
     console.print(details)
     if latest:
         metrics = Table(title=f"latest metrics (step {record['last_step']})")
-        metrics.add_column("metric")
+        metrics.add_column("metric", no_wrap=True)
         metrics.add_column("value", justify="right")
         for key, value in sorted(latest.items()):
             metrics.add_row(key, f"{value:.6g}")

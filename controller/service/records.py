@@ -178,9 +178,16 @@ class Records:
         return out
 
     def latest_metrics(self, run_id: str) -> tuple[int, dict]:
-        rows = self._read("SELECT step, body FROM events WHERE run_id = ? AND kind = 'metrics' ORDER BY seq DESC "
-                          "LIMIT 1", (run_id,))
-        return (rows[0]["step"], json.loads(rows[0]["body"])) if rows else (0, {})
+        """(the last logged step, its metrics: the step's and its validation's, merged)."""
+        rows = self._read("SELECT step FROM events WHERE run_id = ? AND kind = 'metrics' ORDER BY seq DESC LIMIT 1",
+                          (run_id,))
+        if not rows:
+            return 0, {}
+        step, out = rows[0]["step"], {}
+        for r in self._read("SELECT body FROM events WHERE run_id = ? AND kind = 'metrics' AND step = ? ORDER BY seq",
+                            (run_id, step)):
+            out.update(json.loads(r["body"]))
+        return step, out
 
 
 def _record(row: sqlite3.Row) -> RunRecord:
