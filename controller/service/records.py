@@ -144,11 +144,19 @@ class Records:
         if "cancel_requested" in values:
             values["cancel_requested"] = int(values["cancel_requested"])
         sets = ", ".join(f"{k} = ?" for k in ("state", *values))
-        moved = self._write(f"UPDATE runs SET {sets} WHERE id = ? AND state IN ({', '.join('?' * len(only_from))})",
-                            (state, *values.values(), run_id, *only_from))
-        if moved:
-            step = self.get(run_id).last_step
-            self._event(run_id, step, "state", state)
+        with self._lock:  # the state and its event together: a reader sees both or neither
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                moved = self._db.execute(
+                    f"UPDATE runs SET {sets} WHERE id = ? AND state IN ({', '.join('?' * len(only_from))})",
+                    (state, *values.values(), run_id, *only_from)).rowcount
+                if moved:
+                    self._db.execute("INSERT INTO events (run_id, time, step, kind, body) SELECT id, ?, last_step, "
+                                     "'state', ? FROM runs WHERE id = ?", (now, state, run_id))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         return bool(moved)
 
     # ---- events ----------------------------------------------------------------------------

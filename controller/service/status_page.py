@@ -36,11 +36,15 @@ def series(step_metrics: dict[int, dict], key: str) -> list[tuple[int, float]]:
 
 
 def svg_chart(points: list[tuple[int, float]], title: str, width: int = 460, height: int = 200,
-              colour: str = "#2563eb") -> str:
-    """A line chart (dots at the points) with its axis ranges; 'no data yet' without points."""
-    pad_l, pad_r, pad_t, pad_b = 44, 12, 24, 28
-    out = [f'<svg class="chart" data-key="{html.escape(title)}" width="{width}" height="{height}" '
-           f'xmlns="http://www.w3.org/2000/svg"><text x="{pad_l}" y="16" font-size="13">{html.escape(title)}</text>']
+              colour: str = "#2563eb", spark: bool = False) -> str:
+    """A line chart (dots at the points) with its title and axis ranges; 'no data yet' without
+    points. spark: a small one without title and labels (the runs table)."""
+    pad_l, pad_r, pad_t, pad_b = (2, 2, 2, 2) if spark else (44, 12, 24, 28)
+    kind = "spark" if spark else "chart"
+    out = [f'<svg class="{kind}" data-key="{html.escape(title)}" width="{width}" height="{height}" '
+           f'xmlns="http://www.w3.org/2000/svg">']
+    if not spark:
+        out.append(f'<text x="{pad_l}" y="16" font-size="13">{html.escape(title)}</text>')
     x0, x1, y0, y1 = pad_l, width - pad_r, height - pad_b, pad_t
     out.append(f'<rect x="{x0}" y="{y1}" width="{x1 - x0}" height="{y0 - y1}" fill="#fafafa" stroke="#ccc"/>')
     if not points:
@@ -58,7 +62,9 @@ def svg_chart(points: list[tuple[int, float]], title: str, width: int = 460, hei
     coords = [px(x, y) for x, y in points]
     out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="'
                + " ".join(f"{a:.1f},{b:.1f}" for a, b in coords) + '"/>')
-    out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.5" fill="{colour}"/>' for a, b in coords]
+    out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="{1.5 if spark else 2.5}" fill="{colour}"/>' for a, b in coords]
+    if spark:
+        return "".join(out) + "</svg>"
     out.append(f'<text x="4" y="{y1 + 10}" font-size="11">{hi:.3g}</text>'
                f'<text x="4" y="{y0}" font-size="11">{lo:.3g}</text>'
                f'<text x="{x0}" y="{height - 8}" font-size="11">step {xlo}</text>'
@@ -93,7 +99,7 @@ def runs_page(records: Records) -> str:
         rows.append(f'<tr class="run" id="run-{html.escape(r.id)}"><td><a href="/runs/{html.escape(r.id)}">'
                     f"{html.escape(r.id)}</a></td><td>{_state(r)}</td><td>{r.last_step}/{r.total_steps}</td>"
                     f"<td>{_fmt(reward[-1][1] if reward else None)}</td><td>{_fmt(acc[-1][1] if acc else None)}</td>"
-                    f"<td>{svg_chart(reward, 'reward', 160, 48) if reward else '-'}</td>"
+                    f"<td>{svg_chart(reward, 'reward', 140, 32, spark=True) if reward else '-'}</td>"
                     f"<td>{_when(r.created)}</td><td>{html.escape(r.run_dir or '-')}</td></tr>")
     table = ("<table><tr><th>run</th><th>state</th><th>step</th><th>reward</th><th>val accuracy</th>"
              "<th>reward curve</th><th>submitted</th><th>run directory</th></tr>" + "".join(rows) + "</table>")

@@ -64,24 +64,36 @@ def _lenient(cls) -> Callable[[bytes], Any]:
     return deserialize
 
 
+async def _refuse_unusable(request, context, fn, name: str, input_full_name: str) -> None:
+    """Abort a request that did not parse, or a method the servicer lacks."""
+    if isinstance(request, _Unparsed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request could not be parsed as {input_full_name}: {request.error}")
+    if fn is None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+
+
+@contextlib.asynccontextmanager
+async def _errors_as_status(context, name: str):
+    """TandemError -> its status; anything else -> INTERNAL (logged); the process keeps serving."""
+    try:
+        yield
+    except TandemError as e:
+        await context.abort(e.code, str(e))
+    except (grpc.aio.AbortError, asyncio.CancelledError):
+        raise  # the servicer aborted itself, or the call was cancelled
+    except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+        _log.exception("rpc.internal_error", rpc=name)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
 def _wrap(fn, service: str, method, input_full_name: str):
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        if isinstance(request, _Unparsed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request could not be parsed as {input_full_name}: {request.error}")
-        if fn is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
-        try:
+        await _refuse_unusable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
             return await fn(request, context)
-        except TandemError as e:
-            await context.abort(e.code, str(e))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise  # the servicer aborted itself, or the call was cancelled
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
-            _log.exception("rpc.internal_error", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
     return handler
 
@@ -91,21 +103,10 @@ def _wrap_stream(fn, service: str, method, input_full_name: str):
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        if isinstance(request, _Unparsed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request could not be parsed as {input_full_name}: {request.error}")
-        if fn is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
-        try:
+        await _refuse_unusable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
             async for message in fn(request, context):
                 yield message
-        except TandemError as e:
-            await context.abort(e.code, str(e))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
-            _log.exception("rpc.internal_error", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
     return handler
 
