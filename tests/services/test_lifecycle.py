@@ -155,3 +155,31 @@ def test_pool_file_names_the_started_services(pool):
     entries = __import__("json").load(open(os.path.join(pool.dir, "pool.json")))
     assert {r: e["pid"] for r, e in entries.items()} == pool.started
     assert all(e["endpoint"] == pool.endpoints[r] for r, e in entries.items())
+
+
+def test_interrupt_cuts_a_generation_until_release(pool, run_config):
+    """Interrupt (a cancel) stops a generation in progress with ABORTED, and the next ones, until
+    the run is released; the next run generates again."""
+    async def main():
+        ep = pool.endpoints["actor"]
+        life = LifecycleClient(ep, timeout_s=300)
+        rollout = RolloutClient(ep, timeout_s=600)
+        batch = prompts(run_config).repeat(64)  # many rounds of 8 rows: long enough to be cut
+        long = dict(max_new_tokens=16, n=8, temperature=1.0, seed=1)
+        slow = to_yaml(load_config(text=run_config, overrides=["actor_rollout_ref.rollout.max_batch_size=8"]))
+        await life.configure("run-i", slow)
+        call = asyncio.create_task(rollout.generate_sequences(batch, **long))
+        await asyncio.sleep(1.0)
+        assert not call.done(), "the generation ended before the interrupt: make it longer"
+        assert await life.interrupt("run-i") == "run-i"
+        await expect_error(call, grpc.StatusCode.ABORTED, "interrupted")
+        assert (await life.describe())["interrupted"]
+        await expect_error(rollout.generate_sequences(batch, **long), grpc.StatusCode.ABORTED)
+        await life.release("run-i")
+        await life.configure("run-j", run_config)
+        assert not (await life.describe())["interrupted"]
+        gen = await rollout.generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
+        assert gen["responses"].shape == (2, 4)
+        await life.release("run-j")
+
+    asyncio.run(main())
