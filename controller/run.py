@@ -13,6 +13,10 @@ cursor, the KL controller, the step counter and the summary values a resumed run
 needs. The file's keys are those written before this object existed, so older checkpoints
 resume.
 
+It stops early when `self.cancel` (controller/cancel.py) is set from another thread: before
+the next SFT or RL step, or when a generation is cut by the services; then it saves the last
+completed step if `trainer.save_freq` asks and raises RunCancelled.
+
 Deliberately not here: one step's algorithm (controller/step.py), checkpoint files
 (controller/checkpointing.py), making the run directory (controller/run_dir.py).
 """
@@ -103,16 +107,15 @@ class Run:
         self.completed_state: dict | None = None  # state_dict() as of the last completed step
 
     @classmethod
-    def open(cls, cfg: TandemConfig, name: str | None = None) -> Run:
-        """A fresh run (in a directory called `name` when given), or the interrupted one
-        `trainer.resume_mode` points at."""
+    def open(cls, cfg: TandemConfig) -> Run:
+        """A fresh run, or the interrupted one `trainer.resume_mode` points at."""
         started = time.time()
         resume_from = checkpointing.find_resume(cfg)
         if resume_from:
             cfg, run_dir = reopen_run_dir(cfg, resume_from)
             print(f"tandem: resuming {run_dir} from {resume_from}", flush=True)
         else:
-            cfg, run_dir = create_run_dir(cfg, name)
+            cfg, run_dir = create_run_dir(cfg)
             print(f"tandem: run directory {run_dir}", flush=True)
         return cls(cfg, run_dir, resume_from, started)
 

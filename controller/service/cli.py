@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=DEFAULT_PORT, help="gRPC port (0: any free port, see --port-file)")
     s.add_argument("--port-file", help="write the bound gRPC port here once serving")
-    s.add_argument("--http-port", type=int, default=8265, help="status page port (0: any free port)")
+    s.add_argument("--http-port", type=int, default=50080, help="status page port (0: any free port)")
     s.add_argument("--service", action="append", default=[], metavar="ROLE=HOST:PORT",
                    help="use this running service for ROLE instead of starting one (repeatable)")
     s.add_argument("--start", default="", metavar="ROLES", help="start these roles' services now, e.g. actor,reward "

@@ -30,6 +30,7 @@ import psutil
 from controller.clients import LifecycleClient, release_now
 from controller.launchers import LaunchContext, Launcher
 from tandem.logging import get_logger
+from tandem.rpc.errors import TandemError
 
 _log = get_logger("controller.service.pool")
 POOL_FILE = "pool.json"
@@ -63,18 +64,37 @@ class ServicePool:
         return dict(self.started)
 
     async def reclaim(self) -> dict[str, str]:
-        """Give back whatever run the pool's services still hold (their controller died) -> {role: run}."""
+        """Give back whatever run the pool's services still hold (their controller died) -> {role: run}.
+        A started service that does not answer is dropped (the next run that needs it starts another)."""
         freed = {}
         for role, endpoint in list(self.endpoints.items()):
-            async with LifecycleClient(endpoint, timeout_s=self.rpc_timeout_s) as client:
-                held = (await client.describe())["run_id"]
-                if held:
-                    await client.interrupt(held)  # a generation of the dead run stops early
-                    freed[role] = await client.release(held)
+            try:
+                async with LifecycleClient(endpoint, timeout_s=self.rpc_timeout_s) as client:
+                    held = (await client.describe())["run_id"]
+                    if held:
+                        await client.interrupt(held)  # a generation of the dead run stops early
+                        freed[role] = await client.release(held)
+            except TandemError as e:
+                if role in self.attached:
+                    raise
+                _log.warning("pool.dropped", role=role, endpoint=endpoint, error=str(e))
+                self._forget(role)
         return freed
+
+    def _forget(self, role: str) -> None:
+        with self._lock:
+            self.endpoints.pop(role, None)
+            pid = self.started.pop(role, None)
+            if (p := _process(pid)) is not None and _is_service(pid, role):
+                p.kill()
+            self._save()
 
     async def ensure(self, roles: Sequence[str]) -> dict[str, str]:
         """An endpoint for each role, starting (and waiting for) the services the pool lacks."""
+        for role in roles:  # a started service that has died since (crash, OOM) is started again
+            if role in self.started and not _is_service(self.started[role], role):
+                _log.warning("pool.service_gone", role=role, pid=self.started[role])
+                self._forget(role)
         with self._lock:
             missing = [r for r in roles if r not in self.endpoints]
             procs = {r: self._spawn(r) for r in missing}

@@ -63,6 +63,7 @@ class RankHost:
             for name in self.built.targets:
                 self.group.targets.pop(name, None)
         self.built = None
+        torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
         gc.collect()
         device.empty_cache()
         configure_logging(role=self.role.name, rank=self.rank, run_id=None)
