@@ -108,13 +108,14 @@ def _when(t: float) -> str:
 
 def _runs_table(runs: list[dict]) -> Table:
     table = Table(title="Tandem runs")
-    table.add_column("run", no_wrap=True)
-    for col in ("state", "step", "submitted", "started", "finished", "run directory"):
-        table.add_column(col)
+    for col in ("run", "state", "step"):  # never cut; the others fold on a narrow terminal
+        table.add_column(col, no_wrap=True)
+    for col in ("submitted", "finished", "run directory"):
+        table.add_column(col, overflow="fold")
     for r in runs:
         state = r["state"] + (" (cancelling)" if r["cancel_requested"] and r["state"] == "running" else "")
         table.add_row(r["id"], state, f"{r['last_step']}/{r['total_steps']}", _when(r["created"]),
-                      _when(r["started"]), _when(r["finished"]), r["run_dir"] or "-")
+                      _when(r["finished"]), escape(r["run_dir"] or "-"))
     return table
 
 

@@ -40,8 +40,26 @@ class RecordingTracking(Tracking):
     def phase(self, name: str, total: int) -> Iterator:
         self.records.log(self.record_id, self.step, f"{name} started ({total} steps)")
         with super().phase(name, total) as handle:
-            yield handle
+            yield _RecordedPhase(handle, lambda line: self.records.log(self.record_id, self.step, line))
         self.records.log(self.record_id, self.step, f"{name} finished {handle.completed}/{total}")
+
+
+class _RecordedPhase:
+    """A phase handle that also records a line at every tenth of the phase (the SFT warm start
+    is long: `tandem logs -f` shows it moving)."""
+
+    def __init__(self, handle, record_line):
+        self._handle, self._record_line = handle, record_line
+
+    def advance(self, n: int = 1) -> None:
+        before = self._handle.completed
+        self._handle.advance(n)
+        done, total = self._handle.completed, self._handle.total
+        if total > 0 and done < total and done * 10 // total > before * 10 // total:
+            self._record_line(f"{self._handle.name} {done}/{total}")
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
 
 
 class ServiceRun(Run):

@@ -140,6 +140,7 @@ def test_cli_status_logs_and_list(controller, runs_dir):
 
     follow = tandem("logs", "-f", run)  # returns when the run has ended
     assert "state: running" in follow and "step 2/2" in follow and follow.rstrip().endswith("state: succeeded")
+    assert "sft 2/3" in follow  # the warm start's progress
     assert "step 2/2" in tandem("logs", "--from-step", "2", run) and "sft started" not in tandem(
         "logs", "--from-step", "2", run)
     status = tandem("status", run)
