@@ -138,8 +138,10 @@ class Run:
         """Services up (`launcher`'s, by default the local launcher's), warm start or restore,
         RL steps, final validation and checkpoint, services down; then summary.json and
         curves.png -> the summary. RunCancelled when `self.cancel` was set."""
+        s = self.cfg.services
         launcher = launcher or get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
-            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, self.cfg.services.startup_timeout_s))
+            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}))
         self.tracking = self.open_tracking()
         try:
             self.roles = await self._connect(launcher)
@@ -241,7 +243,7 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
-                                     self.cfg.data.max_response_length)
+                                     self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
         return await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step)

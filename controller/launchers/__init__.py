@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,7 @@ class LaunchContext:
     run_dir: str  # logs/<role>.log go under it
     run_id: str  # each service tags its logs with it
     startup_timeout_s: float  # how long a service may take to report SERVING
+    hosts: Mapping[str, str] = field(default_factory=dict)  # role -> the address it binds (default 127.0.0.1)
 
 
 class Launcher(ABC):

@@ -33,7 +33,7 @@ def _tail(path: str, lines: int = 15) -> str:
 
 
 class LocalLauncher(Launcher):
-    """Services as child processes; endpoints on 127.0.0.1."""
+    """Services as child processes; each binds services.<role>.host (127.0.0.1 by default)."""
 
     def __init__(self, ctx: LaunchContext):
         super().__init__(ctx)
@@ -77,13 +77,18 @@ class LocalLauncher(Launcher):
                                        f"last lines of {self.logs[role]}:\n{_tail(self.logs[role])}")
                 if os.path.exists(port_file):
                     with open(port_file) as f:
-                        endpoints[role] = f"127.0.0.1:{int(f.read().strip())}"
+                        endpoints[role] = f"{self._reach(role)}:{int(f.read().strip())}"
                     pending.discard(role)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"services {sorted(pending)} not serving after "
                                    f"{self.ctx.startup_timeout_s:g}s; see {self._logs_dir}")
             await asyncio.sleep(0.2)
         return endpoints
+
+    def _reach(self, role: str) -> str:
+        """The address to call a started service at: the one it binds, or loopback for a wildcard."""
+        host = self.ctx.hosts.get(role, "127.0.0.1")
+        return "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every started service, then SIGKILL what is left after the grace period."""

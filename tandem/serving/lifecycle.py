@@ -49,7 +49,7 @@ class RankHost:
         cfg = load_config(text=config_yaml)
         configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
         torch.set_num_threads(max(1, self.role.section(cfg).torch_threads))
-        if self.role.ranked:  # the same weights as a service started for this run alone
+        if self.role.ranked(cfg):  # the same weights as a service started for this run alone
             device.manual_seed(self.role.seed(cfg))
         self.built = self.role.build(cfg)
         if self.group is not None:
@@ -59,9 +59,12 @@ class RankHost:
 
     def release(self) -> int:
         """Drop this rank's workers (model, optimizer, KV cache) and free their memory -> pid."""
-        if self.built is not None and self.group is not None:
-            for name in self.built.targets:
-                self.group.targets.pop(name, None)
+        if self.built is not None:
+            for close in self.built.closers:
+                close()
+            if self.group is not None:
+                for name in self.built.targets:
+                    self.group.targets.pop(name, None)
         self.built = None
         torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
         gc.collect()
@@ -82,6 +85,7 @@ class RunHost:
         self.run_id: str | None = None
         self.pending: str | None = None  # a Configure on its way (set on the event loop)
         self.servicers: dict[str, Any] = {}
+        self.ranked_run = False  # the held run is served by the rank group (else by rank 0 alone)
         self.check_caller = True  # refuse calls tagged with another run's x-run-id (slot.py)
 
     @property
@@ -99,7 +103,8 @@ class RunHost:
         cfg = load_config(text=config_yaml)  # ConfigError: the servicer answers INVALID_ARGUMENT
         restarted = False
         interrupt.clear()
-        if self.role.ranked:
+        self.ranked_run = self.role.ranked(cfg)
+        if self.ranked_run:
             world, parallel = self.role.layout(cfg)
             self.role.check_layout(cfg)
             if self.layout != (world, parallel):
@@ -125,7 +130,7 @@ class RunHost:
         return held
 
     def _release_ranks(self) -> None:
-        if self.group is not None:
+        if self.ranked_run and self.group is not None:
             self.group.run_ranks(LIFECYCLE, "release", [()] * self.group.world)
         else:
             self.rank_host.release()

@@ -6,9 +6,12 @@ Two ways to start a service (rank 0, the gRPC front door):
   starts with only what the process needs (role, bind address, ranks; the device follows
   LOCAL_RANK) and holds no run: it waits for tandem.v1.LifecycleService.Configure (the run's
   resolved config), serves that run until Release, then the next (tandem/serving/lifecycle.py).
-- for one run: `python -m services.<role> --config RUN.yaml [key=value ...]` configures itself
-  with that config before it serves (what `tandem run`'s local launcher does); Release and
-  Configure work on it as on a long-lived one.
+- for one run: `python -m services.<role> --config RUN.yaml [key=value ...]` (or overrides
+  alone, on the defaults) configures itself with that config before it serves (what `tandem
+  run`'s local launcher does); Release and Configure work on it as on a long-lived one.
+- long-lived with settings: `--long-lived` with a config or overrides holds no run either;
+  the config then sets only this process's bind address, TLS and token
+  (services.<role>.host, .tls, .auth).
 
 A service of several ranks starts ranks 1..N-1 as child processes of the same module
 (`--rank i`, with the rendezvous file and the layout); they follow rank 0's commands,
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import configure_logging, get_logger
 from tandem.parallel.layout import ParallelConfig
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.serving.role import Role
 
 
@@ -39,10 +43,13 @@ class ServiceArgs:
     rank: int = 0
     rendezvous: str | None = None
     layout: ParallelConfig = field(default_factory=ParallelConfig)
+    security: EndpointSecurity = PLAINTEXT  # TLS and token of this service's port (services.<role>.tls/.auth)
+    long_lived: bool = False
+    cfg: TandemConfig | None = None  # defaults <- --config <- overrides
 
     @property
     def configure_at_start(self) -> bool:
-        return self.config_path is not None or bool(self.overrides)
+        return not self.long_lived and (self.config_path is not None or bool(self.overrides))
 
 
 def _layout(text: str) -> ParallelConfig:
@@ -55,12 +62,14 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
                                 description=f"Tandem {role} service (gRPC). Without --config or overrides it "
                                             "holds no run until tandem.v1.LifecycleService.Configure.")
     p.add_argument("--config", help="a run config YAML: configure with it at start (one-run mode)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", help="address to bind (default: services.<role>.host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--world-size", type=int, default=1,
                    help="ranks to start with (long-lived mode; a run that needs another number restarts them)")
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"), help="the run id of --config's run")
+    p.add_argument("--long-lived", action="store_true",
+                   help="hold no run at start even with --config / overrides (they set only host, TLS, token)")
     p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for its children
     p.add_argument("--rendezvous", help=argparse.SUPPRESS)
     p.add_argument("--layout", type=_layout, default=ParallelConfig(), help=argparse.SUPPRESS)
@@ -68,8 +77,14 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     a = p.parse_args(argv)
     if a.world_size < 1:
         p.error(f"--world-size must be >= 1, got {a.world_size}")
-    return ServiceArgs(a.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides), a.world_size,
-                       a.rank, a.rendezvous, a.layout)
+    cfg = load_config(a.config, a.overrides)
+    section = getattr(cfg.services, role)
+    try:
+        security = EndpointSecurity.from_section(section, f"services.{role}")
+    except ValueError as e:
+        p.error(str(e))
+    return ServiceArgs(a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
+                       a.world_size, a.rank, a.rendezvous, a.layout, security, a.long_lived, cfg)
 
 
 def load_tokenizer(cfg: TandemConfig):
@@ -97,10 +112,9 @@ def run_service(role: Role, argv=None) -> None:
     host, thread = RunHost(role), WorkerThread(role.name)
     try:
         if args.configure_at_start:  # every model call, this one included, runs on the worker thread
-            cfg = load_config(args.config_path, args.overrides)
             host.check_caller = args.run_id is not None  # started by hand: any caller's run id
-            thread.call(host.configure, args.run_id or "local", to_yaml(cfg), thread)
-        elif role.ranked:
+            thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
+        elif role.ranks_at_start:
             thread.call(host.start_group, args.world_size, ParallelConfig())
         run_server(_serve(role, args, host, thread))
     finally:
@@ -120,7 +134,7 @@ async def _serve(role: Role, args: ServiceArgs, host, thread) -> None:
     servicers = [(LIFECYCLE_SERVICE, LifecycleServicer(host, thread, health_servicer))]
     servicers += [(name, SlotServicer(host, name)) for name in role.service_names]
     await serve(servicers, role=role.name, host=args.host, port=args.port, port_file=args.port_file,
-                health_servicer=health_servicer,
+                security=args.security, health_servicer=health_servicer,
                 held=lambda name: name in role.service_names and name not in host.servicers)
 
 

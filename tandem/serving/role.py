@@ -24,12 +24,18 @@ class Built:
 
     targets: dict[str, Any]
     extras: dict[str, Any] = field(default_factory=dict)
+    closers: list = field(default_factory=list)  # called at release (e.g. a scorer's process pool)
 
 
 class Role(ABC):
     name: str  # actor | rollout | critic | reward
     service_names: tuple[str, ...]  # the role's gRPC services, e.g. ("tandem.v1.ActorService",)
-    ranked: bool = True  # a model service (rank group, torch.distributed); reward is not
+    ranks_at_start: bool = True  # a long-lived process starts its rank group before any run
+
+    def ranked(self, cfg: TandemConfig) -> bool:
+        """Whether a run of `cfg` is served by a rank group (torch.distributed, megatron); the
+        reward service's rules are not, its reward model is."""
+        return True
 
     def section(self, cfg: TandemConfig):
         """services.<role>: world size, torch threads."""
