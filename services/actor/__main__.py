@@ -27,10 +27,7 @@ class ActorRole(Role):
         return cfg.services.actor.world_size, ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron)
 
     def check_layout(self, cfg) -> None:
-        world, parallel = self.layout(cfg)
-        shape = model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg)))
-        parallel.validate(world, shape.num_attention_heads, shape.num_key_value_heads,
-                          shape.moe.num_experts if shape.moe else 0)
+        self.validate_layout(cfg, model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg))))
 
     def build(self, cfg) -> Built:
         tokenizer = load_tokenizer(cfg)

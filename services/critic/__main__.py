@@ -23,10 +23,7 @@ class CriticRole(Role):
         return cfg.services.critic.world_size, ParallelConfig.of(cfg.critic.megatron)
 
     def check_layout(self, cfg) -> None:
-        world, parallel = self.layout(cfg)
-        shape = model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg)))
-        parallel.validate(world, shape.num_attention_heads, shape.num_key_value_heads,
-                          shape.moe.num_experts if shape.moe else 0)
+        self.validate_layout(cfg, model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg))))
 
     def seed(self, cfg) -> int:
         return cfg.critic.megatron.seed

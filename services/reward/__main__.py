@@ -29,6 +29,8 @@ class RewardRole(Role):
     def check_layout(self, cfg) -> None:
         from services.reward.model import reward_model_shape
 
+        self.validate_layout(cfg, reward_model_shape(cfg))
+
         world, parallel = self.layout(cfg)
         shape = reward_model_shape(cfg)
         parallel.validate(world, shape.num_attention_heads, shape.num_key_value_heads,

@@ -48,6 +48,13 @@ class Role(ABC):
     def check_layout(self, cfg: TandemConfig) -> None:
         """ValueError naming the numbers when the run's layout cannot hold its model."""
 
+    def validate_layout(self, cfg: TandemConfig, shape) -> None:
+        """check_layout for a model of `shape` (tandem.models.spec.ModelShape): heads, query
+        groups and experts against the run's TP x PP x EP and world size."""
+        world, parallel = self.layout(cfg)
+        parallel.validate(world, shape.num_attention_heads, shape.num_key_value_heads,
+                          shape.moe.num_experts if shape.moe else 0)
+
     def seed(self, cfg: TandemConfig) -> int:
         return cfg.actor_rollout_ref.actor.megatron.seed
 
