@@ -29,7 +29,7 @@ import time
 from controller import checkpointing
 from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
 from controller.data import Cursor, collate, load_examples
-from controller.launchers import DEFAULT_LAUNCHER, LaunchContext, Launcher, endpoints, get_launcher
+from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
 from controller.roles import Roles, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
@@ -139,9 +139,9 @@ class Run:
         RL steps, final validation and checkpoint, services down; then summary.json and
         curves.png -> the summary. RunCancelled when `self.cancel` was set."""
         s = self.cfg.services
-        launcher = launcher or get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
+        launcher = launcher or get_launcher(self.cfg.trainer.launcher)(LaunchContext(
             os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
-            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}))
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}, cfg=self.cfg))
         self.tracking = self.open_tracking()
         try:
             self.roles = await self._connect(launcher)

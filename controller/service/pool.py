@@ -20,7 +20,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -29,6 +28,7 @@ import psutil
 
 from controller.clients import LifecycleClient, release_now
 from controller.launchers import LaunchContext, Launcher
+from controller.launchers.commands import long_lived_argv, service_env
 from tandem.logging import get_logger
 from tandem.rpc.errors import TandemError
 
@@ -113,8 +113,8 @@ class ServicePool:
         port_file = self._port_file(role)
         if os.path.exists(port_file):
             os.unlink(port_file)
-        cmd = [sys.executable, "-m", f"services.{role}", "--port-file", port_file]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::UserWarning")
+        cmd = long_lived_argv(role, host="127.0.0.1", port_file=port_file)
+        env = dict(os.environ, **service_env())
         with open(os.path.join(self.dir, f"{role}.log"), "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                     start_new_session=True)  # outlives a controller that is killed

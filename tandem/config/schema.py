@@ -231,6 +231,15 @@ class TrainerConfig:
     on_controller_restart: str = "resume"
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
+    launcher: str = "local"  # who starts the services: local (child processes) | compose | ray (controller/launchers/)
+
+
+@dataclass
+class RayPlacement:  # how the ray launcher places a service's ranks (one placement-group bundle per rank)
+    num_cpus: float = 1.0  # CPUs per rank
+    num_gpus: float = 0.0  # GPUs per rank (1 on GPU clusters)
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources per rank, e.g. {node_a: 0.01}
+    strategy: Optional[str] = None  # PACK | STRICT_PACK | SPREAD | STRICT_SPREAD; None: STRICT_PACK at TP > 1, else SPREAD
 
 
 @dataclass
@@ -260,6 +269,7 @@ class ServiceEndpoint:
     host: str = "127.0.0.1"  # address a started service binds (0.0.0.0: every interface)
     tls: TLSConfig = field(default_factory=TLSConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
+    ray: RayPlacement = field(default_factory=RayPlacement)
 
 
 @dataclass

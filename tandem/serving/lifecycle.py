@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -30,9 +30,11 @@ from tandem.generation import interrupt
 from tandem.logging import configure_logging, get_logger
 from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
+from tandem.rpc.errors import FailedPrecondition
 from tandem.serving.role import Built, Role
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
 _log = get_logger("tandem.serving.lifecycle")
 
 
@@ -81,6 +83,8 @@ class RunHost:
         self.rank_host = RankHost(role, rank=0)
         self.group = None
         self.children: list[subprocess.Popen] = []
+        self.store = None  # the TCPStore rank 0 opened for its children (kept open while they live)
+        self.external = False  # the ranks were started by someone else: their layout cannot change
         self.layout: tuple[int, ParallelConfig] | None = None
         self.run_id: str | None = None
         self.pending: str | None = None  # a Configure on its way (set on the event loop)
@@ -108,6 +112,10 @@ class RunHost:
             world, parallel = self.role.layout(cfg)
             self.role.check_layout(cfg)
             if self.layout != (world, parallel):
+                if self.external:
+                    raise FailedPrecondition(
+                        f"this {self.role.name} service's ranks were started separately as world size "
+                        f"{self.layout[0]}, {self.layout[1]}; the run needs {world}, {parallel}")
                 restarted = self.layout is not None
                 self.start_group(world, parallel)
             try:
@@ -138,16 +146,25 @@ class RunHost:
     def start_group(self, world: int, parallel: ParallelConfig) -> None:
         """(Re)start the rank group: `world` processes (this one and world - 1 children) in
         torch.distributed, megatron's parallel_state laid out as `parallel`."""
-        from tandem.serving.rank_group import RankGroup
 
         self.stop_group()
-        rendezvous = _rendezvous_file(self.role.name)
-        self.children = [_start_rank(self.role.name, rank, world, parallel, rendezvous) for rank in range(1, world)]
-        init_distributed(parallel, rank=0, world_size=world, init_method=f"file://{rendezvous}", seed=0)
+        if world > 1:  # a TCPStore on a free port of this host; the children connect to it
+            self.store = torch.distributed.TCPStore("127.0.0.1", 0, world, is_master=True,
+                                                    timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+            self.children = [_start_rank(self.role.name, rank, world, parallel, self.store.port)
+                             for rank in range(1, world)]
+        self.attach_group(world, parallel, self.store)
+        self.external = False
+        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
+
+    def attach_group(self, world: int, parallel: ParallelConfig, store) -> None:
+        """Join the ranks as rank 0 through `store` (ranks started separately: their layout stays)."""
+        from tandem.serving.rank_group import RankGroup
+
+        init_distributed(parallel, rank=0, world_size=world, store=store, seed=0)
         self.group = RankGroup({LIFECYCLE: self.rank_host})
         self.rank_host.group = self.group
-        self.layout = (world, parallel)
-        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
+        self.layout, self.external = (world, parallel), True
 
     def stop_group(self) -> None:
         """Stop the children and tear down torch.distributed and parallel_state (no-op without ranks)."""
@@ -164,7 +181,7 @@ class RunHost:
                 child.wait()
         ps.destroy_model_parallel()
         torch.distributed.destroy_process_group()
-        self.group = self.rank_host.group = None
+        self.group = self.rank_host.group = self.store = None
         self.children, self.layout = [], None
 
     # ---- on the event loop -------------------------------------------------------------
@@ -200,10 +217,11 @@ def live_tensor_bytes() -> int:
     return total
 
 
-def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, rendezvous: str) -> subprocess.Popen:
+def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", f"services.{role}", "--rank", str(rank), "--world-size", str(world),
-           "--rendezvous", rendezvous, "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
-    return subprocess.Popen(cmd, env=dict(os.environ, LOCAL_RANK=str(rank)), preexec_fn=_die_with_parent)
+           "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
+    env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
+    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
 
 
 def _die_with_parent() -> None:
@@ -211,10 +229,3 @@ def _die_with_parent() -> None:
 
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-
-
-def _rendezvous_file(role: str) -> str:
-    fd, path = tempfile.mkstemp(prefix=f"tandem-{role}-", suffix=".rdzv")
-    os.close(fd)
-    os.unlink(path)  # torch's FileStore creates it; a fresh name per rank group
-    return path

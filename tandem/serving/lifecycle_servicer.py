@@ -38,6 +38,7 @@ class LifecycleServicer:
         if self.host.holder is not None:
             raise self._held_by_other(request.run_id)
         self.host.pending = request.run_id  # a second Configure now sees the holder
+        self.host.check_caller = True  # a run taken by RPC: calls tagged with another run are refused
         try:
             pids, restarted = await self.thread.run(self.host.configure, request.run_id, request.config_yaml,
                                                     self.thread)

@@ -1,33 +1,41 @@
 """What every service's `__main__` runs: arguments, logging, the run it holds, the gRPC server.
 
-Two ways to start a service (rank 0, the gRPC front door):
+Three ways to start a service (rank 0, the gRPC front door); it binds `--host` (default
+`services.<role>.host`, 127.0.0.1):
 
 - long-lived: `python -m services.<role> [--host H] [--port P | --port-file F] [--world-size N]`
   starts with only what the process needs (role, bind address, ranks; the device follows
   LOCAL_RANK) and holds no run: it waits for tandem.v1.LifecycleService.Configure (the run's
   resolved config), serves that run until Release, then the next (tandem/serving/lifecycle.py).
+  With `--long-lived`, a config and overrides set only this process's bind address, TLS and
+  token (services.<role>.host, .tls, .auth).
 - for one run: `python -m services.<role> --config RUN.yaml [key=value ...]` (or overrides
-  alone, on the defaults) configures itself with that config before it serves (what `tandem
-  run`'s local launcher does); Release and Configure work on it as on a long-lived one.
-- long-lived with settings: `--long-lived` with a config or overrides holds no run either;
-  the config then sets only this process's bind address, TLS and token
-  (services.<role>.host, .tls, .auth).
+  alone, on the defaults) configures itself with that config before it serves (what the local,
+  compose and Ray launchers start); Release and Configure work on it as on a long-lived one.
 
-A service of several ranks starts ranks 1..N-1 as child processes of the same module
-(`--rank i`, with the rendezvous file and the layout); they follow rank 0's commands,
-configure included, and die with rank 0 (PR_SET_PDEATHSIG). A run that needs another world
-size or layout restarts them.
+Ranks: rank 0 started alone (no `--rank`) opens a TCPStore on a free port and starts ranks
+1..N-1 as its children (`--rank i`, MASTER_ADDR/MASTER_PORT pointing at that store); they
+follow rank 0's commands, configure included, and die with it (PR_SET_PDEATHSIG); a run that
+needs another world size or layout restarts them. Ranks started by someone else (by hand on
+several hosts, or the Ray launcher) each get `--rank i --config RUN.yaml` and
+MASTER_ADDR/MASTER_PORT (or `--master-addr/--master-port`): rank 0 opens the TCPStore there
+and the others connect to it; their layout is the config's and cannot change (a run that
+needs another is refused). Either way the ranks meet over TCP, never through a shared file.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import socket
 from dataclasses import dataclass, field
+
+import torch
 
 from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import configure_logging, get_logger
 from tandem.parallel.layout import ParallelConfig
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
+from tandem.serving.lifecycle import RENDEZVOUS_TIMEOUT
 from tandem.serving.role import Role
 
 
@@ -40,9 +48,10 @@ class ServiceArgs:
     config_path: str | None = None
     overrides: list = field(default_factory=list)
     world_size: int = 1
-    rank: int = 0
-    rendezvous: str | None = None
-    layout: ParallelConfig = field(default_factory=ParallelConfig)
+    rank: int | None = None  # None: this process is rank 0 and starts the other ranks itself
+    master_addr: str | None = None
+    master_port: int | None = None
+    layout: ParallelConfig | None = None  # a child rank's layout, from the rank 0 that started it
     security: EndpointSecurity = PLAINTEXT  # TLS and token of this service's port (services.<role>.tls/.auth)
     long_lived: bool = False
     cfg: TandemConfig | None = None  # defaults <- --config <- overrides
@@ -57,12 +66,17 @@ def _layout(text: str) -> ParallelConfig:
     return ParallelConfig(tp, pp, ep)
 
 
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
+
+
 def parse_args(role: str, argv=None) -> ServiceArgs:
     p = argparse.ArgumentParser(prog=f"python -m services.{role}",
                                 description=f"Tandem {role} service (gRPC). Without --config or overrides it "
                                             "holds no run until tandem.v1.LifecycleService.Configure.")
     p.add_argument("--config", help="a run config YAML: configure with it at start (one-run mode)")
-    p.add_argument("--host", help="address to bind (default: services.<role>.host, 127.0.0.1)")
+    p.add_argument("--host", help=f"address to bind (default: services.{role}.host, 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--world-size", type=int, default=1,
@@ -70,9 +84,13 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"), help="the run id of --config's run")
     p.add_argument("--long-lived", action="store_true",
                    help="hold no run at start even with --config / overrides (they set only host, TLS, token)")
-    p.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # set by rank 0 for its children
-    p.add_argument("--rendezvous", help=argparse.SUPPRESS)
-    p.add_argument("--layout", type=_layout, default=ParallelConfig(), help=argparse.SUPPRESS)
+    p.add_argument("--rank", type=int, help="this process's rank when every rank is started separately "
+                                            "(by hand or by the Ray launcher); omit it to start all ranks here")
+    p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"),
+                   help="rank 0's rendezvous address (TCPStore) with --rank; default $MASTER_ADDR")
+    p.add_argument("--master-port", type=int, default=_env_int("MASTER_PORT"),
+                   help="rank 0's rendezvous port with --rank; default $MASTER_PORT")
+    p.add_argument("--layout", type=_layout, help=argparse.SUPPRESS)  # tp,pp,ep of a child rank 0 started
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value (one-run mode)")
     a = p.parse_args(argv)
     if a.world_size < 1:
@@ -84,7 +102,7 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     except ValueError as e:
         p.error(str(e))
     return ServiceArgs(a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.world_size, a.rank, a.rendezvous, a.layout, security, a.long_lived, cfg)
+                       a.world_size, a.rank, a.master_addr, a.master_port, a.layout, security, a.long_lived, cfg)
 
 
 def load_tokenizer(cfg: TandemConfig):
@@ -96,26 +114,58 @@ def load_tokenizer(cfg: TandemConfig):
     return AutoTokenizer.from_pretrained(path)
 
 
+def _rank_layout(role: Role, args: ServiceArgs) -> tuple[int, ParallelConfig]:
+    """(world size, layout) of a rank started with --rank: the rank 0 that started it says, else its config."""
+    return (args.world_size, args.layout) if args.layout is not None else role.layout(args.cfg)
+
+
+def _rendezvous(role: str, args: ServiceArgs, world_size: int, log):
+    """The TCPStore a separately started rank meets the others through (None for a group of one)."""
+    if world_size == 1 and not args.rank:
+        return None
+    if not args.master_addr or not args.master_port:
+        raise ValueError(f"{role} rank {args.rank} of {world_size}: the rendezvous is not set; give "
+                         f"--master-addr/--master-port (or MASTER_ADDR/MASTER_PORT): rank 0's host and a free port")
+    if not 0 <= args.rank < world_size:
+        raise ValueError(f"{role}: --rank {args.rank} is outside services.{role}.world_size={world_size}")
+    log.info("service.rendezvous", master_addr=args.master_addr, master_port=args.master_port)
+    return torch.distributed.TCPStore(args.master_addr, args.master_port, world_size, is_master=args.rank == 0,
+                                      timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+
+
+def _log_process(role: Role, rank: int, world_size: int, run_id: str | None = None):
+    configure_logging(role=role.name, rank=rank, run_id=run_id)
+    log = get_logger(f"services.{role.name}")
+    # one line per rank process: how tests and operators count a service's processes (and, under
+    # the Ray launcher, on which node each runs)
+    log.info("service.process", pid=os.getpid(), world_size=world_size, host=socket.gethostname(),
+             node_id=os.environ.get("TANDEM_NODE_ID"))
+    return log
+
+
 def run_service(role: Role, argv=None) -> None:
     """A service process of `role` (see the module docstring) until SIGTERM."""
     args = parse_args(role.name, argv)
-    if args.rank > 0:
+    if args.rank:
         _follow(role, args)
         return
     from tandem.rpc.server import run_server
     from tandem.serving.lifecycle import RunHost
     from tandem.serving.worker_thread import WorkerThread
 
-    configure_logging(role=role.name, rank=0, run_id=args.run_id)
-    # one line per rank process: how tests and operators count a service's processes
-    get_logger(f"services.{role.name}").info("service.process", pid=os.getpid(), world_size=args.world_size)
+    separate = args.rank == 0  # the other ranks were started by someone else
+    world = role.layout(args.cfg)[0] if separate else args.world_size
+    log = _log_process(role, 0, world, args.run_id)
     host, thread = RunHost(role), WorkerThread(role.name)
-    try:
-        if args.configure_at_start:  # every model call, this one included, runs on the worker thread
-            host.check_caller = args.run_id is not None  # started by hand: any caller's run id
-            thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
-        elif role.ranks_at_start:
+    try:  # every model call, these included, runs on the worker thread
+        if separate:
+            world, parallel = role.layout(args.cfg)
+            thread.call(host.attach_group, world, parallel, _rendezvous(role.name, args, world, log))
+        elif role.ranks_at_start and not args.configure_at_start:
             thread.call(host.start_group, args.world_size, ParallelConfig())
+        if args.configure_at_start:
+            host.check_caller = False  # a run given at start: any caller's run id (launchers tag their own)
+            thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
         run_server(_serve(role, args, host, thread))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
@@ -144,10 +194,9 @@ def _follow(role: Role, args: ServiceArgs) -> None:
     from tandem.serving.lifecycle import LIFECYCLE, RankHost
     from tandem.serving.rank_group import RankGroup
 
-    configure_logging(role=role.name, rank=args.rank)
-    get_logger(f"services.{role.name}").info("service.process", pid=os.getpid(), world_size=args.world_size)
-    init_distributed(args.layout, rank=args.rank, world_size=args.world_size,
-                     init_method=f"file://{args.rendezvous}", seed=0)
+    world, parallel = _rank_layout(role, args)
+    log = _log_process(role, args.rank, world)
+    init_distributed(parallel, rank=args.rank, world_size=world, store=_rendezvous(role.name, args, world, log))
     host = RankHost(role, args.rank)
     host.group = RankGroup({LIFECYCLE: host})
     host.group.follow()
