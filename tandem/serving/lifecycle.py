@@ -35,6 +35,7 @@ from tandem.serving.role import Built, Role
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
+PARENT_ENV = "TANDEM_RANK0_PID"  # set for the ranks rank 0 starts: they die with it
 _log = get_logger("tandem.serving.lifecycle")
 
 
@@ -220,12 +221,22 @@ def live_tensor_bytes() -> int:
 def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", f"services.{role}", "--rank", str(rank), "--world-size", str(world),
            "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
-    env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port))
-    return subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent)
+    env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
+               **{PARENT_ENV: str(os.getpid())})
+    # no preexec_fn: Python code between fork and exec in a process with gRPC's threads crashed
+    # the child (SIGSEGV) now and then; the child asks to die with its parent itself (die_with_parent)
+    return subprocess.Popen(cmd, env=env)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
+    """In a rank started by rank 0: get SIGKILL when rank 0 exits (PR_SET_PDEATHSIG), and exit at
+    once if it already has."""
     import ctypes
 
+    parent = int(os.environ.get(PARENT_ENV, "0"))
+    if not parent:
+        return
     pr_set_pdeathsig = 1
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # rank 0 died before the request took effect
+        os._exit(1)

@@ -15,7 +15,7 @@ Three ways to start a service (rank 0, the gRPC front door); it binds `--host` (
 
 Ranks: rank 0 started alone (no `--rank`) opens a TCPStore on a free port and starts ranks
 1..N-1 as its children (`--rank i`, MASTER_ADDR/MASTER_PORT pointing at that store); they
-follow rank 0's commands, configure included, and die with it (PR_SET_PDEATHSIG); a run that
+follow rank 0's commands, configure included, and die with it (PR_SET_PDEATHSIG, set by the child); a run that
 needs another world size or layout restarts them. Ranks started by someone else (by hand on
 several hosts, or the Ray launcher) each get `--rank i --config RUN.yaml` and
 MASTER_ADDR/MASTER_PORT (or `--master-addr/--master-port`): rank 0 opens the TCPStore there
@@ -191,9 +191,10 @@ async def _serve(role: Role, args: ServiceArgs, host, thread) -> None:
 def _follow(role: Role, args: ServiceArgs) -> None:
     """Ranks > 0: join rank 0's group and run its commands (configure, release, work) until stop."""
     from tandem.parallel.layout import init_distributed
-    from tandem.serving.lifecycle import LIFECYCLE, RankHost
+    from tandem.serving.lifecycle import LIFECYCLE, RankHost, die_with_parent
     from tandem.serving.rank_group import RankGroup
 
+    die_with_parent()
     world, parallel = _rank_layout(role, args)
     log = _log_process(role, args.rank, world)
     init_distributed(parallel, rank=args.rank, world_size=world, store=_rendezvous(role.name, args, world, log))
