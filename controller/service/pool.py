@@ -171,9 +171,10 @@ class ServicePool:
 class PoolLauncher(Launcher):
     """A run's services from the pool: configured for it at start, released at stop."""
 
-    def __init__(self, ctx: LaunchContext, pool: ServicePool):
+    def __init__(self, ctx: LaunchContext, pool: ServicePool, on_configured=None):
         super().__init__(ctx)
         self.pool = pool
+        self.on_configured = on_configured  # called with `pids` once every role is configured
         self.configured: dict[str, str] = {}  # role -> endpoint
         self.pids: dict[str, list[int]] = {}
 
@@ -192,6 +193,8 @@ class PoolLauncher(Launcher):
         errors = [e for e in results if isinstance(e, BaseException)]
         if errors:
             raise errors[0]
+        if self.on_configured is not None:
+            self.on_configured(self.pids)
         return endpoints
 
     def stop(self) -> None:

@@ -115,7 +115,8 @@ class RunQueue:
             run.cancel.set()
         ctx = LaunchContext(os.path.join(run.run_dir, CONFIG_FILE), run.run_dir, run.run_id,
                             run.cfg.services.startup_timeout_s)
-        launcher = PoolLauncher(ctx, self.pool)
+        launcher = PoolLauncher(ctx, self.pool, on_configured=lambda pids: self.records.update(
+            record.id, service_pids_json=json.dumps(pids)))  # shown while the run runs
         try:
             return await run.execute(launcher)
         finally:

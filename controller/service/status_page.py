@@ -144,7 +144,7 @@ def _json(records: Records, run_id: str | None) -> object:
 
 def _handler(records: Records):
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 - the http.server name
+        def do_GET(self):  # the name http.server calls
             path = unquote(self.path.split("?", 1)[0]).rstrip("/") or "/"
             if path == "/":
                 return self._send(200, "text/html", runs_page(records))

@@ -78,7 +78,7 @@ def test_back_to_back_runs_share_the_services_and_equal_tandem_run(controller, r
     assert {role: pids[0] for role, pids in ra["service_pids"].items()} == {r: e["pid"] for r, e in pool.items()}
     assert set(ra["service_pids"]) == {"actor", "reward", "rollout", "critic"}
 
-    rc, out, err, _ = run_tandem([*TINY, *PPO, f"trainer.default_local_dir={tmp_path}",
+    rc, _, err, _ = run_tandem([*TINY, *PPO, f"trainer.default_local_dir={tmp_path}",
                                   "trainer.experiment_name=ppo_alone"])
     assert rc == 0, err[-3000:]
     (alone,) = tmp_path.iterdir()
@@ -93,7 +93,11 @@ def test_back_to_back_runs_share_the_services_and_equal_tandem_run(controller, r
 def test_cancel_a_running_run_then_the_next_one_runs(controller, runs_dir):
     long = submit(controller, runs_dir, "long", *LONG_GRPO)
     after = submit(controller, runs_dir, "after", "trainer.total_training_steps=2", "trainer.logger=[jsonl]")
-    controller.wait_for(long, lambda r: r["last_step"] >= 5, what="5 steps done")
+    running = controller.wait_for(long, lambda r: r["last_step"] >= 5, what="5 steps done")
+    # the services it runs on are on its record while it runs
+    pool = controller.pool()
+    assert "actor" in running["service_pids"]
+    assert all(pids[0] == pool[role]["pid"] for role, pids in running["service_pids"].items()), running
     t0 = time.monotonic()
     assert controller.client.cancel(long)["cancel_requested"]
     record = controller.wait_for(long, lambda r: r["state"] != "running", timeout_s=10, what="stopped within 10 s")
