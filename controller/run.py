@@ -31,7 +31,7 @@ from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
 from controller.data import Cursor, collate, load_examples
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
-from controller.roles import Roles, connect, needed_roles
+from controller.roles import Roles, attach_endpoints, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
 from controller.sft import run_sft
 from controller.step import StepContext, ppo_step
@@ -167,14 +167,15 @@ class Run:
 
     async def _connect(self, launcher: Launcher) -> Roles:
         roles = needed_roles(self.cfg)
-        attach = {r: getattr(self.cfg.services, r).endpoint for r in roles}
-        return await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id)
+        attach = attach_endpoints(self.cfg, roles)
+        return await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id,
+                             self.tokenizer.pad_token_id)
 
     async def _warm_start(self) -> None:
         """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk
         from the policy, and validation at step 0."""
         t, roles = self.cfg.trainer, self.roles
-        await roles.sync_rollout()
+        await roles.sync_rollout(force=True)
         self.summary["val_accuracy_init"] = await self._greedy_accuracy()
         if t.sft.total_steps > 0:
             t0 = time.time()
@@ -183,7 +184,7 @@ class Run:
                                             t.sft.batch_size, t.sft.data_seed, bar, self.cancel.check)
             self.summary["sft_time_s"] = time.time() - t0
             self.summary["sft_final"] = sft_metrics
-            await roles.sync_rollout()
+            await roles.sync_rollout(force=True)
         self.cancel.check()
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
@@ -196,7 +197,7 @@ class Run:
     async def _restore(self) -> None:
         """Policy, reference, optimizers and critic as they were, then this object's state."""
         state = await checkpointing.restore(self.roles, self.resume_from)
-        await self.roles.sync_rollout()
+        await self.roles.sync_rollout(force=True)
         self.load_state_dict(state)
         self.summary["resumed_from"] = self.resume_from
 

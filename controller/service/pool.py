@@ -28,7 +28,7 @@ import psutil
 
 from controller.clients import LifecycleClient, release_now
 from controller.launchers import LaunchContext, Launcher
-from controller.launchers.commands import long_lived_argv, service_env
+from controller.launchers.commands import long_lived_argv, service_env, service_of
 from tandem.logging import get_logger
 from tandem.rpc.errors import TandemError
 
@@ -216,9 +216,9 @@ def _process(pid: int | None) -> psutil.Process | None:
 
 
 def _is_service(pid: int | None, role: str) -> bool:
-    """A live process of `python -m services.<role>` (not a recycled pid)."""
+    """A live process of `python -m services.<role>` (not a recycled pid; rollout-1: services.rollout)."""
     p = _process(pid)
     try:
-        return p is not None and p.status() != psutil.STATUS_ZOMBIE and f"services.{role}" in p.cmdline()
+        return p is not None and p.status() != psutil.STATUS_ZOMBIE and f"services.{service_of(role)}" in p.cmdline()
     except psutil.Error:
         return False

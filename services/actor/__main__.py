@@ -45,7 +45,7 @@ class ActorRole(Role):
         out = {SERVICE: ActorServicer(ActorFront(group, worker), thread)}
         if "rollout" in built.targets:  # one thread for both: a generation never overlaps an update
             out[ROLLOUT_SERVICE] = RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                   thread, allow_load_weights=False)
+                                                   thread)
         return out
 
 

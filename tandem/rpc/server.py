@@ -9,7 +9,10 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 - TandemError -> its status code and message; any other exception ->
   INTERNAL "ExcType: message" with the traceback logged. The process keeps
   serving either way;
-- a method the servicer lacks answers UNIMPLEMENTED.
+- a method the servicer lacks answers UNIMPLEMENTED;
+- server-streaming methods are async generators with the same mapping (an error after some
+  messages ends the stream with its status); a handler may yield bytes it serialized itself
+  (a large message built without protobuf's copies, tandem/weights/wire.py).
 
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
@@ -66,8 +69,7 @@ def _lenient(cls) -> Callable[[bytes], Any]:
     return deserialize
 
 
-async def _refuse_unusable(request, context, fn, name: str, input_full_name: str) -> None:
-    """Abort a request that did not parse, or a method the servicer lacks."""
+async def _refuse_unservable(request, context, fn, name: str, input_full_name: str) -> None:
     if isinstance(request, _Unparsed):
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                             f"request could not be parsed as {input_full_name}: {request.error}")
@@ -77,7 +79,7 @@ async def _refuse_unusable(request, context, fn, name: str, input_full_name: str
 
 @contextlib.asynccontextmanager
 async def _errors_as_status(context, name: str):
-    """TandemError -> its status; anything else -> INTERNAL (logged); the process keeps serving."""
+    """TandemError -> its status; any other exception -> INTERNAL (logged); the service lives on."""
     try:
         yield
     except TandemError as e:
@@ -93,7 +95,7 @@ def _wrap(fn, service: str, method, input_full_name: str):
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        await _refuse_unusable(request, context, fn, name, input_full_name)
+        await _refuse_unservable(request, context, fn, name, input_full_name)
         async with _errors_as_status(context, name):
             return await fn(request, context)
 
@@ -101,16 +103,20 @@ def _wrap(fn, service: str, method, input_full_name: str):
 
 
 def _wrap_stream(fn, service: str, method, input_full_name: str):
-    """`_wrap` for a server-streaming method: `fn(request, context)` is an async generator."""
+    """`_wrap` for a server-streaming method (an async generator)."""
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        await _refuse_unusable(request, context, fn, name, input_full_name)
+        await _refuse_unservable(request, context, fn, name, input_full_name)
         async with _errors_as_status(context, name):
             async for message in fn(request, context):
                 yield message
 
     return handler
+
+
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHandler:
@@ -121,16 +127,15 @@ def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHa
     handlers = {}
     for m in desc.methods:
         if m.client_streaming:
-            raise ValueError(f"{service_full_name}.{m.name}: client-streaming RPCs are not supported yet")
+            raise ValueError(f"{service_full_name}.{m.name}: client-streaming RPCs are not supported")
         req_cls = message_factory.GetMessageClass(m.input_type)
         fn = getattr(servicer, m.name, None)
         if fn is None:
             _log.warning("rpc.unimplemented", service=service_full_name, method=m.name)
-        make, wrap = ((grpc.unary_stream_rpc_method_handler, _wrap_stream) if m.server_streaming
-                      else (grpc.unary_unary_rpc_method_handler, _wrap))
-        handlers[m.name] = make(wrap(fn, desc.name, m.name, m.input_type.full_name),
-                                request_deserializer=_lenient(req_cls),
-                                response_serializer=lambda msg: msg.SerializeToString())
+        wrap, kind = ((_wrap_stream, grpc.unary_stream_rpc_method_handler) if m.server_streaming
+                      else (_wrap, grpc.unary_unary_rpc_method_handler))
+        handlers[m.name] = kind(wrap(fn, desc.name, m.name, m.input_type.full_name),
+                                request_deserializer=_lenient(req_cls), response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service_full_name, handlers)
 
 

@@ -51,9 +51,12 @@ class RankHost:
         """Build this rank's workers for the run -> this process's pid."""
         cfg = load_config(text=config_yaml)
         configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
-        torch.set_num_threads(max(1, self.role.section(cfg).torch_threads))
+        section = self.role.section(cfg)
+        torch.set_num_threads(max(1, section.torch_threads))
         if self.role.ranked(cfg):  # the same weights as a service started for this run alone
             device.manual_seed(self.role.seed(cfg))
+            # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU
+            device.set_memory_fraction(section.gpu_memory_fraction or 1.0)
         self.built = self.role.build(cfg)
         if self.group is not None:
             self.group.targets.update(self.built.targets)

@@ -146,6 +146,7 @@ def _log_process(role: Role, rank: int, world_size: int, run_id: str | None = No
 def run_service(role: Role, argv=None) -> None:
     """A service process of `role` (see the module docstring) until SIGTERM."""
     args = parse_args(role.name, argv)
+    role.host = args.host
     if args.rank:
         _follow(role, args)
         return
