@@ -1,6 +1,6 @@
 """The controller service (`tandem serve`) with the CLI's client, on CPU with tiny runs: bad
 submissions rejected before anything is queued, two runs back to back on the same service
-processes with the results of `tandem run`, a running run cancelled, and the status page in a
+processes with the results of `tandem run`, rollout replicas from the pool, a running run cancelled, and the status page in a
 real headless browser (Chromium)."""
 import json
 import os
@@ -88,6 +88,16 @@ def test_back_to_back_runs_share_the_services_and_equal_tandem_run(controller, r
     assert step_metrics(rb["run_dir"]) == want
     summary = json.loads((alone / "summary.json").read_text())
     assert ra["summary"]["val_accuracy_final"] == summary["val_accuracy_final"]
+
+
+def test_rollout_replicas_come_from_the_pool(controller, runs_dir):
+    run = submit(controller, runs_dir, "replicas", *PPO[:-1], "trainer.total_training_steps=2",
+                 "services.rollout.replicas=2")
+    record = controller.wait_ended(run)
+    assert record["state"] == "succeeded" and record["last_step"] == 2, record["error"]
+    pool = controller.pool()
+    assert {"rollout", "rollout-1"} <= set(record["service_pids"]) and pool["rollout-1"]["pid"] != pool["rollout"]["pid"]
+    assert record["service_pids"]["rollout-1"][0] == pool["rollout-1"]["pid"]
 
 
 def test_cancel_a_running_run_then_the_next_one_runs(controller, runs_dir):
