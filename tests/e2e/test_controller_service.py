@@ -1,7 +1,7 @@
 """The controller service (`tandem serve`) with the CLI's client, on CPU with tiny runs: bad
 submissions rejected before anything is queued, two runs back to back on the same service
-processes with the results of `tandem run`, rollout replicas from the pool, a running run cancelled, and the status page in a
-real headless browser (Chromium)."""
+processes with the results of `tandem run`, rollout replicas from the pool, a running run
+cancelled, and the status page in a real headless browser (Chromium)."""
 import json
 import os
 import shutil
