@@ -1,5 +1,6 @@
 """Long-lived services: started with no run, they take one with Configure and give it back with
-Release (tandem.v1.LifecycleService), a second run's layout restarting their ranks (gloo, 2 ranks).
+Release (tandem.v1.LifecycleService), a second run's layout restarting their ranks (gloo, 2 ranks),
+the weight plane between a long-lived actor and rollout freed with the run.
 
 Real processes, started as the controller service starts them (controller/service/pool.py).
 """
@@ -181,5 +182,32 @@ def test_interrupt_cuts_a_generation_until_release(pool, run_config):
         gen = await rollout.generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
         assert gen["responses"].shape == (2, 4)
         await life.release("run-j")
+
+    asyncio.run(main())
+
+
+def test_weight_plane_between_long_lived_services_is_freed_at_release(pool, run_config):
+    """A standalone rollout pulls the actor's weights (stream and gloo collective), then both
+    give the run back: the staging buffer, the actor's export and the weight group go with it,
+    and the next run syncs again."""
+    async def main():
+        endpoints = await pool.ensure(["actor", "rollout"])
+        standalone = to_yaml(load_config(text=run_config, overrides=["actor_rollout_ref.rollout.mode=standalone"]))
+        lives = {role: LifecycleClient(endpoints[role], timeout_s=300) for role in ("actor", "rollout")}
+        free = {role: (await life.describe())["tensor_bytes"] for role, life in lives.items()}
+        for run_id in ("run-w1", "run-w2"):
+            for life in lives.values():
+                await life.configure(run_id, standalone)
+            rollout = RolloutClient(endpoints["rollout"], timeout_s=300)
+            for transport in ("stream", "collective"):  # the actor's version 0, pulled both ways
+                synced = await rollout.sync_weights(0, endpoints["actor"], transport=transport, force=True)
+                assert synced.weights_version == 0 and synced.bytes > 0
+            held = {role: (await life.describe())["tensor_bytes"] for role, life in lives.items()}
+            for role, life in lives.items():
+                assert await life.release(run_id) == run_id
+                after = (await life.describe())["tensor_bytes"]
+                assert after < held[role] / 10 and after <= free[role] + 1024, (role, free, held, after)
+        for life in lives.values():
+            await life.close()
 
     asyncio.run(main())
