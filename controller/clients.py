@@ -1,4 +1,5 @@
-"""Typed async clients for the four roles: DataProto in, DataProto / metrics out.
+"""Typed async clients for the four roles (DataProto in, DataProto / metrics out) and for the
+LifecycleService every one of them serves (take a run, give it back).
 
 The only controller file that knows the generated tandem.v1 messages. Deliberately not
 here: which services a run has and how they are reached (controller/roles.py), retries and
@@ -15,6 +16,8 @@ from tandem.v1 import (
     common_pb2,
     critic_pb2,
     critic_pb2_grpc,
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
     reward_pb2,
     reward_pb2_grpc,
     rollout_pb2,
@@ -119,3 +122,45 @@ class RewardClient(ServiceClient):
         """-> (one score per row, {row: reason} for the rows the service could not score)."""
         r = await self.call("Score", reward_pb2.ScoreRequest(batch=codec.encode_batch(batch)))
         return list(r.scores), {int(f.row): f.reason for f in r.failures}
+
+
+class LifecycleClient(ServiceClient):
+    """A long-lived service's run slot: Configure (take a run), Release, Interrupt, Describe."""
+
+    def __init__(self, endpoint: str, **kw):
+        super().__init__(endpoint, lifecycle_pb2_grpc.LifecycleServiceStub, **kw)
+
+    async def configure(self, run_id: str, config_yaml: str) -> tuple[list[int], bool]:
+        """-> (the service's rank pids, whether its ranks were restarted for the run's layout)."""
+        r = await self.call("Configure", lifecycle_pb2.ConfigureRequest(run_id=run_id, config_yaml=config_yaml))
+        return list(r.pids), r.ranks_restarted
+
+    async def release(self, run_id: str = "") -> str:
+        return (await self.call("Release", lifecycle_pb2.ReleaseRequest(run_id=run_id))).released_run_id
+
+    async def interrupt(self, run_id: str = "") -> str:
+        return (await self.call("Interrupt", lifecycle_pb2.InterruptRequest(run_id=run_id))).run_id
+
+    async def describe(self) -> dict:
+        """{role, run_id ("" when free), world_size, pids, tensor_parallel, pipeline_parallel,
+        expert_parallel, tensor_bytes, interrupted}."""
+        r = await self.call("Describe", lifecycle_pb2.DescribeRequest())
+        return {"role": r.role, "run_id": r.run_id, "world_size": r.world_size, "pids": list(r.pids),
+                "tensor_parallel": r.tensor_parallel, "pipeline_parallel": r.pipeline_parallel,
+                "expert_parallel": r.expert_parallel, "tensor_bytes": r.tensor_bytes, "interrupted": r.interrupted}
+
+
+def release_now(endpoint: str, run_id: str, timeout_s: float) -> str:
+    """LifecycleService.Release from synchronous code (a launcher's stop runs outside any
+    event loop's reach) -> the released run id; the TandemError of a failed call."""
+    import grpc
+
+    from tandem.rpc.errors import error_from_rpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            r = lifecycle_pb2_grpc.LifecycleServiceStub(channel).Release(
+                lifecycle_pb2.ReleaseRequest(run_id=run_id), timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, "LifecycleService.Release") from None
+    return r.released_run_id

@@ -13,6 +13,10 @@ cursor, the KL controller, the step counter and the summary values a resumed run
 needs. The file's keys are those written before this object existed, so older checkpoints
 resume.
 
+It stops early when `self.cancel` (controller/cancel.py) is set from another thread: before
+the next SFT or RL step, or when a generation is cut by the services; then it saves the last
+completed step if `trainer.save_freq` asks and raises RunCancelled.
+
 Deliberately not here: one step's algorithm (controller/step.py), checkpoint files
 (controller/checkpointing.py), making the run directory (controller/run_dir.py).
 """
@@ -24,6 +28,7 @@ import time
 from dataclasses import asdict
 
 from controller import checkpointing
+from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
 from controller.data import Cursor, collate, load_split, with_epoch_steps
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
@@ -99,6 +104,8 @@ class Run:
         # while the services are up (execute)
         self.roles: Roles | None = None
         self.tracking: Tracking | None = None
+        self.cancel = CancelFlag()  # set from another thread: the run stops at its next safe point
+        self.completed_state: dict | None = None  # state_dict() as of the last completed step
 
     @classmethod
     def open(cls, cfg: TandemConfig) -> Run:
@@ -128,27 +135,37 @@ class Run:
 
     # ---- the run ----------------------------------------------------------------------------
 
-    async def execute(self) -> dict:
-        """Services up, warm start or restore, RL steps, final validation and checkpoint,
-        services down; then summary.json and curves.png -> the summary."""
-        t = self.cfg.trainer
+    async def execute(self, launcher: Launcher | None = None) -> dict:
+        """Services up (`launcher`'s, by default the local launcher's), warm start or restore,
+        RL steps, final validation and checkpoint, services down; then summary.json and
+        curves.png -> the summary. RunCancelled when `self.cancel` was set."""
         s = self.cfg.services
-        launcher = get_launcher(t.launcher)(LaunchContext(
+        launcher = launcher or get_launcher(self.cfg.trainer.launcher)(LaunchContext(
             os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
             hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}, cfg=self.cfg))
-        self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
-                                 t.experiment_name, config=asdict(self.cfg))
+        self.tracking = self.open_tracking()
         try:
             self.roles = await self._connect(launcher)
             await (self._restore() if self.resume_from else self._warm_start())
             await self._train()
             await self._finish()
+        except Exception as e:
+            if not self.cancel.is_set():
+                raise
+            # stopped at a safe point, or a generation cut by the services (ABORTED)
+            await save_on_cancel(self.roles, self.run_dir, self.cfg.trainer.save_freq, self.completed_state)
+            raise RunCancelled(self.cancel.reason) from e
         finally:
             self.tracking.close()
             if self.roles is not None:
                 await self.roles.close()
             launcher.stop()
         return self._write_summary()
+
+    def open_tracking(self) -> Tracking:
+        t = self.cfg.trainer
+        return Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name, t.experiment_name,
+                        config=asdict(self.cfg))
 
     async def _connect(self, launcher: Launcher) -> Roles:
         roles = needed_roles(self.cfg)
@@ -166,10 +183,11 @@ class Run:
             t0 = time.time()
             with self.tracking.phase("sft", t.sft.total_steps) as bar:
                 sft_metrics = await run_sft(roles.actor, self.train, self.tokenizer, t.sft.total_steps,
-                                            t.sft.batch_size, t.sft.data_seed, bar)
+                                            t.sft.batch_size, t.sft.data_seed, bar, self.cancel.check)
             self.summary["sft_time_s"] = time.time() - t0
             self.summary["sft_final"] = sft_metrics
             await roles.sync_rollout(force=True)
+        self.cancel.check()
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
             path = await roles.actor.save_checkpoint(os.path.join(self.run_dir, "checkpoints", "init", "actor"))
@@ -190,7 +208,9 @@ class Run:
         t = self.cfg.trainer
         ctx = StepContext(self.roles, self.cfg, self.tokenizer, self.kl_ctrl)
         t0 = time.time()
+        self.completed_state = self.state_dict()
         for step in range(self.steps.done + 1, t.total_training_steps + 1):
+            self.cancel.check()
             self.roles.set_step(step)
             metrics = await ppo_step(ctx, self.next_prompts, step)
             last = step == t.total_training_steps  # the final validation and checkpoint follow
@@ -198,6 +218,7 @@ class Run:
                 metrics.update(await self._validate(step))
             self.tracking.log(metrics, step=step)
             self.steps.done = step
+            self.completed_state = self.state_dict()
             if t.save_freq and step % t.save_freq == 0 and not last:
                 await self._save()
         self.summary["rl_time_s"] = time.time() - t0

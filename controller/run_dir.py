@@ -22,11 +22,15 @@ from tandem.config import TandemConfig, load_config, to_yaml
 CONFIG_FILE = "config.yaml"
 
 
-def create_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
-    """Create the run directory; materialise the built-in tokenizer and data when used
-    -> (the config with their paths filled in, the directory)."""
+def new_run_id(cfg: TandemConfig) -> str:
+    return f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def create_run_dir(cfg: TandemConfig, run_id: str | None = None) -> tuple[TandemConfig, str]:
+    """Create the run directory (named `run_id`, default a new one); materialise the built-in
+    tokenizer and data when used -> (the config with their paths filled in, the directory)."""
     t = cfg.trainer
-    run_id = f"{t.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_id = run_id or new_run_id(cfg)
     run_dir = os.path.abspath(os.path.join(t.default_local_dir, run_id))
     os.makedirs(run_dir)
     return materialise(cfg, run_dir), run_dir

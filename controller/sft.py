@@ -33,10 +33,13 @@ def sft_batch(examples: list[Example], tokenizer) -> DataProto:
 
 
 async def run_sft(actor, examples: list[Example], tokenizer, steps: int, batch_size: int,
-                  seed: int, progress=None) -> dict[str, float]:
+                  seed: int, progress=None, before_step=None) -> dict[str, float]:
+    """before_step: called before each step (the run's cancellation check)."""
     cursor = Cursor(len(examples), seed=seed)
     metrics: dict[str, float] = {}
     for _ in range(steps):
+        if before_step is not None:
+            before_step()
         batch = sft_batch([examples[i] for i in cursor.next(batch_size)], tokenizer)
         metrics = await actor.train_sft(batch)
         if progress is not None:

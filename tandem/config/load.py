@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -34,11 +35,19 @@ def _nested(flat: dict) -> dict:
     return out
 
 
-def _user_settings(path: str | None, overrides: list[str], problems: list[str]) -> dict:
-    """The YAML file's and the overrides' leaves, flat (an override wins over the file)."""
+def _user_settings(path: str | None, overrides: list[str], problems: list[str], text: str | None = None) -> dict:
+    """The YAML file's (or YAML `text`'s) and the overrides' leaves, flat (an override wins)."""
     user: dict = {}
     if path:
         user.update(flatten(_resolved(OmegaConf.load(path))))
+    if text and text.strip():
+        try:
+            layer = OmegaConf.create(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"the config is not valid YAML: {' '.join(str(e).split())}") from None
+        if not OmegaConf.is_dict(layer):
+            raise ConfigError("the config is not a YAML mapping of sections (actor_rollout_ref:, data:, ...)")
+        user.update(flatten(_resolved(layer)))
     for o in overrides:
         if "=" not in o:
             problems.append(f"override {o!r} is not of the form key=value")
@@ -83,13 +92,14 @@ def _expand_home(merged: DictConfig) -> None:
             OmegaConf.update(merged, key, [os.path.expanduser(str(v)) for v in value])
 
 
-def load_config_with_notices(path: str | None = None,
-                             overrides: list[str] | None = None) -> tuple[TandemConfig, Translation]:
-    """Defaults <- YAML file <- dotted overrides -> (validated TandemConfig, how each key was taken:
-    its `notices` say what each mapped verl key became)."""
+def load_config_with_notices(path: str | None = None, overrides: list[str] | None = None, *,
+                             text: str | None = None) -> tuple[TandemConfig, Translation]:
+    """Defaults <- YAML file (or YAML `text`, e.g. a config sent over gRPC) <- dotted overrides ->
+    (validated TandemConfig, how each key was taken: its `notices` say what each mapped verl key
+    became)."""
     base = OmegaConf.structured(TandemConfig)
     problems: list[str] = []
-    user = _user_settings(path, list(overrides or []), problems)
+    user = _user_settings(path, list(overrides or []), problems, text)
     translation = translate(user, TandemKeys.of(base))
     problems += translation.problems
     tandem = dict(translation.tandem)
@@ -105,9 +115,10 @@ def load_config_with_notices(path: str | None = None,
     return cfg, translation
 
 
-def load_config(path: str | None = None, overrides: list[str] | None = None) -> TandemConfig:
-    """Defaults <- YAML file <- dotted overrides; returns a validated TandemConfig."""
-    return load_config_with_notices(path, overrides)[0]
+def load_config(path: str | None = None, overrides: list[str] | None = None, *,
+                text: str | None = None) -> TandemConfig:
+    """Defaults <- YAML file (or YAML `text`) <- dotted overrides; returns a validated TandemConfig."""
+    return load_config_with_notices(path, overrides, text=text)[0]
 
 
 def to_yaml(cfg: TandemConfig) -> str:

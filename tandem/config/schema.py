@@ -251,6 +251,9 @@ class TrainerConfig:
     save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
     resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
+    # a run of the controller service (`tandem submit`) that was running when its controller died:
+    # resume (from its latest checkpoint, or from the start without one) or fail
+    on_controller_restart: str = "resume"
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
     launcher: str = "local"  # who starts the services: local (child processes) | compose | ray (controller/launchers/)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.generation import interrupt
 from tandem.generation.runner import ModelRunner, Request
 from tandem.generation.sampling import SamplingParams
 from tandem.generation.scheduler import Scheduler
@@ -113,10 +114,13 @@ class GenerationEngine:
         sched = Scheduler([len(p) for p in prompts], n, r, num_slots=slots,
                           max_len=runner.cache.max_len, sync_every=self.sync_every,
                           batch_buckets=_pow2_buckets(slots), kv_bucket=self.kv_bucket)
+        interruptible = getattr(getattr(self.model, "config", None), "tensor_model_parallel_size", 1) == 1
         was_training = self.model.training
         self.model.eval()
         try:
             while (plan := sched.schedule()) is not None:
+                if interruptible:
+                    interrupt.check()  # the run is being cancelled: cut the generation here
                 sched.update(plan, runner.execute(plan))
         finally:
             self.model.train(was_training)

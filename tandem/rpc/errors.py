@@ -53,7 +53,8 @@ class DeadlineExceeded(TandemError):
 
 
 class Aborted(TandemError):
-    """A conflict with concurrent work (e.g. weights changed while being read); retry."""
+    """The work was stopped on purpose: its run is being cancelled, or a conflict with concurrent
+    work (e.g. weights changed while being read; retry)."""
 
     code = grpc.StatusCode.ABORTED
 

@@ -43,7 +43,14 @@ from tandem.metrics import RpcMetrics, start_metrics_server
 from tandem.rpc.errors import TandemError
 from tandem.rpc.interceptors import ContextInterceptor
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
-from tandem.v1 import actor_pb2, critic_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the descriptor pool)
+from tandem.v1 import (  # noqa: F401  (fill the descriptor pool)
+    actor_pb2,
+    controller_pb2,
+    critic_pb2,
+    lifecycle_pb2,
+    reward_pb2,
+    rollout_pb2,
+)
 
 _log = get_logger("tandem.rpc.server")
 
@@ -144,9 +151,15 @@ def _write_port_file(path: str, port: int) -> None:
 async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127.0.0.1", port: int = 0,
                 port_file: str | None = None, max_message_mb: int = 512, grace_s: float = 5.0,
                 on_ready: Callable[[], Awaitable[Any]] | None = None,
-                metrics_port: int | None = None, security: EndpointSecurity = PLAINTEXT) -> None:
+                metrics_port: int | None = None, security: EndpointSecurity = PLAINTEXT,
+                health_servicer: health.aio.HealthServicer | None = None,
+                held: Callable[[str], bool] = lambda name: False) -> None:
     """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation;
-    TLS and a bearer token on the port per `security` (tandem/rpc/security.py)."""
+    TLS and a bearer token on the port per `security` (tandem/rpc/security.py).
+
+    health_servicer: pass one to change health statuses later (a long-lived service: its role's
+    service is SERVING only while it holds a run); names for which `held(name)` is true stay
+    NOT_SERVING when the server is ready."""
     max_bytes = max_message_mb * 1024 * 1024
     metrics = RpcMetrics(role)
     server = grpc.aio.server(
@@ -154,7 +167,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         options=[("grpc.max_send_message_length", max_bytes),
                  ("grpc.max_receive_message_length", max_bytes),
                  ("grpc.so_reuseport", 0)])
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_servicer or health.aio.HealthServicer()
     names = [""] + [name for name, _ in servicers]
     for name in names:  # the aio servicer starts "" as SERVING; we are not yet
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -182,7 +195,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         if on_ready is not None:
             await on_ready()
         for name in names:
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if not held(name):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if port_file:
             _write_port_file(port_file, bound)
         _log.info("server.serving", host=host, port=bound, services=names[1:], **security.describe,

@@ -15,9 +15,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from tandem.generation.interrupt import GenerationAborted
 from tandem.logging import get_logger
 
 log = get_logger("tandem.rank_group")
+_RAISED_AS_IS = {"ValueError": ValueError, "GenerationAborted": GenerationAborted}
 
 
 @dataclass(frozen=True)
@@ -75,8 +77,9 @@ class RankGroup:
         for rank, (_, error) in enumerate(gathered):
             if error is not None:
                 kind, message = error
-                raise (ValueError if kind == "ValueError" else RuntimeError)(
-                    message if kind == "ValueError" else f"rank {rank}: {kind}: {message}")
+                if kind in _RAISED_AS_IS:  # errors the servicers map to a status of their own
+                    raise _RAISED_AS_IS[kind](message)
+                raise RuntimeError(f"rank {rank}: {kind}: {message}")
         return gathered
 
     def run_all(self, target: str, method: str, *args) -> list:

@@ -6,8 +6,9 @@ standalone rollout service and, in colocated mode, the actor (hybrid engine).
 from __future__ import annotations
 
 from tandem.data import codec, schemas
+from tandem.generation.interrupt import GenerationAborted
 from tandem.generation.sampling import SamplingParams
-from tandem.rpc.errors import FailedPrecondition, InvalidArgument
+from tandem.rpc.errors import Aborted, FailedPrecondition, InvalidArgument
 from tandem.serving.rollout_front import RolloutFront
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import rollout_pb2
@@ -49,7 +50,10 @@ class RolloutServicer:
         batch = codec.decode_batch(request.batch)
         schemas.check_prompts(batch, self.worker.vocab_size)
         params = sampling_from_proto(request.sampling, self.worker.vocab_size)
-        out = await self.thread.run(self.worker.generate_sequences, batch, params)
+        try:
+            out = await self.thread.run(self.worker.generate_sequences, batch, params)
+        except GenerationAborted as e:
+            raise Aborted(str(e)) from None
         return rollout_pb2.GenerateSequencesResponse(batch=codec.encode_batch(out))
 
     def _receiver(self):

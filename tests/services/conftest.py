@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import grpc
 import pytest
 import torch
+from rpc_expect import expect_error  # tests/helpers
 
 from tandem.data.batch import DataProto
-from tandem.rpc.errors import TandemError
 
 SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 PROMPT_TEXTS = ["12+7=", "905+88=", "3+4=", "640+521="]
@@ -121,19 +121,6 @@ def services(tmp_path_factory):
 
 
 # ---- helpers ------------------------------------------------------------------------------
-
-async def expect_error(coro, code: grpc.StatusCode, *fragments: str) -> str:
-    """Await `coro`; it must fail with status `code` and a message containing every fragment."""
-    try:
-        await coro
-    except TandemError as e:
-        msg = str(e)
-        assert e.code == code, f"expected {code.name}, got {e.code.name}: {msg}"
-        for frag in fragments:
-            assert frag in msg, f"{frag!r} not in {msg!r}"
-        return msg
-    raise AssertionError(f"call succeeded; expected {code.name} mentioning {fragments}")
-
 
 async def raw_call(endpoint: str, method: str, payload: bytes) -> grpc.aio.AioRpcError:
     """Send raw bytes to a method (no serializer); return the error it must answer with."""

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from tandem.config import ConfigError, load_config
+from tandem.config.paths import check_paths
 
 CONFIG = dict(architectures=["Qwen2ForCausalLM"], vocab_size=128, hidden_size=64, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
@@ -15,8 +16,9 @@ CONFIG = dict(architectures=["Qwen2ForCausalLM"], vocab_size=128, hidden_size=64
 
 
 def error_of(*overrides) -> str:
+    """The error the controller stops with (load_config, then the files only it reads: check_paths)."""
     with pytest.raises(ConfigError) as e:
-        load_config(None, list(overrides))
+        check_paths(load_config(None, list(overrides)))
     return str(e.value)
 
 
@@ -95,7 +97,7 @@ def test_prompt_column_missing(tmp_path):
     (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     msg = error_of(f"data.train_files={tmp_path}/t.jsonl")
     assert msg.startswith(f"data.train_files: '{tmp_path}/t.jsonl' has no column 'prompt' (data.prompt_key)")
-    load_config(None, [f"data.train_files={tmp_path}/t.jsonl", "data.prompt_key=question"])  # verl's key fixes it
+    check_paths(load_config(None, [f"data.train_files={tmp_path}/t.jsonl", "data.prompt_key=question"]))  # verl's key fixes it
 
 
 def test_cli_stops_before_any_service(tmp_path):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from tandem.config.checks.actor import check_actor, check_tis
 from tandem.config.checks.algorithm import check_algorithm, check_dapo
-from tandem.config.checks.files import check_data_files, check_model_files
+from tandem.config.checks.files import check_model_files
 from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.placement import check_placement
 from tandem.config.checks.reward import check_custom_reward_function, check_reward_calls, check_reward_model
@@ -20,12 +20,14 @@ from tandem.config.errors import ConfigError
 from tandem.config.model_file import check_model
 from tandem.config.schema import TandemConfig
 
+# Data files are not here: only the controller reads them (tandem/config/paths.py checks them where it
+# runs; a service on another machine loads the same config without them).
 # The order decides which error a config with several gets (it is the order of the checks before the
 # split into topics); a check may rely on the ones before it (rollout.n >= 1, parallel degrees >= 1).
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
-          check_model_files, check_data_files)
+          check_model_files)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:

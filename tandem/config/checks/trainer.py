@@ -17,6 +17,8 @@ NOT_OFFERED = {"swanlab": "swanlab's releases require protobuf < 7, Tandem's gRP
 RESUME_MODES = ("disable", "auto", "resume_path")
 # data.truncation: what happens to a prompt over data.max_prompt_length when data.filter_overlong_prompts is false
 TRUNCATIONS = ("error", "left", "right", "middle")
+# trainer.on_controller_restart: what a restarted controller service does with the run it was running.
+RESTART_POLICIES = ("resume", "fail")
 
 
 def check_data(cfg: TandemConfig) -> None:
@@ -33,6 +35,8 @@ def check_trainer(cfg: TandemConfig) -> None:
     check(t.resume_mode in RESUME_MODES, "trainer.resume_mode", f"{t.resume_mode!r}; known: {sorted(RESUME_MODES)}")
     check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
           "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
+    check(t.on_controller_restart in RESTART_POLICIES, "trainer.on_controller_restart",
+          f"{t.on_controller_restart!r}; known: {', '.join(RESTART_POLICIES)}")
     check(t.save_freq >= 0, "trainer.save_freq", "must be >= 0")
     check(t.total_epochs is None or t.total_epochs >= 1, "trainer.total_epochs", "must be >= 1")
     check(t.total_training_steps is not None or t.total_epochs is not None, "trainer.total_training_steps",
