@@ -17,9 +17,8 @@ def check_paths(cfg: TandemConfig) -> None:
     """data files (present, parquet/jsonl, with the prompt and reward columns), tokenizer and
     model directories, the checkpoint to resume from."""
     check_data_files(cfg)
-    m, d, t = cfg.actor_rollout_ref.model, cfg.data, cfg.trainer
-    for key, path in (("data.train_files", d.train_files), ("data.val_files", d.val_files),
-                      ("actor_rollout_ref.model.path", m.path),
+    m, t = cfg.actor_rollout_ref.model, cfg.trainer
+    for key, path in (("actor_rollout_ref.model.path", m.path),
                       ("actor_rollout_ref.model.tokenizer_path", m.tokenizer_path)):
         check(path is None or os.path.exists(path), key, f"{path!r} does not exist (on the controller's machine)")
     if t.resume_mode == "resume_path":

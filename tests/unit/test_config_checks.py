@@ -105,7 +105,8 @@ def test_a_check_runs_on_its_own():
 
 
 def test_validate_runs_every_check():
-    """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's)."""
+    """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's;
+    check_data_files runs where the controller runs: tandem/config/paths.py)."""
     import importlib
     import pkgutil
 
@@ -114,7 +115,7 @@ def test_validate_runs_every_check():
     defined = {fn for module in modules
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}
-    assert defined | {check_model} == set(checks.CHECKS)
+    assert defined | {check_model} == set(checks.CHECKS) | {files.check_data_files}
     assert len(checks.CHECKS) == len(set(checks.CHECKS))
 
 
