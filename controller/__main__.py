@@ -38,11 +38,16 @@ def main(argv=None) -> int:
     configure_logging(role="controller", level="WARNING")
     from controller.run import run
 
+    from controller.recovery import RunStopped
+
     try:
         summary = asyncio.run(run(cfg))
     except KeyboardInterrupt:
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"tandem: run stopped: {e}", file=sys.stderr)
+        return 1
     keys = ("val_accuracy_init", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain", "wall_time_s")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
     print(f"tandem: held-out greedy accuracy after SFT {summary.get('val_accuracy_after_sft')}, "

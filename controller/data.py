@@ -50,26 +50,38 @@ def render_prompt(messages, tokenizer) -> str:
     return "".join(m["content"] for m in messages)
 
 
-def load_examples(path: str, tokenizer, max_prompt_length: int) -> list[Example]:
-    """Tokenize every row; rows whose prompt exceeds max_prompt_length are dropped (logged)."""
-    out, dropped = [], 0
+def load_examples(path: str, tokenizer, max_prompt_length: int, skipped: dict | None = None) -> list[Example]:
+    """Tokenize every row. Rows whose prompt exceeds max_prompt_length, or tokenizes to nothing
+    (no step could generate from it), are skipped: logged with the file and rows, and counted in
+    `skipped` ({"overlong": n, "empty_prompt": n}) when given."""
+    out, dropped = [], {"overlong": [], "empty_prompt": []}
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     for i, row in enumerate(read_rows(path)):
         for key in ("prompt", "reward_model"):
             if key not in row:
                 raise ValueError(f"{path}: row {i} has no column {key!r}")
         text = render_prompt(row["prompt"], tokenizer)
-        ids = bos + tokenizer(text, add_special_tokens=False)["input_ids"]
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not tokens:
+            dropped["empty_prompt"].append(i)
+            continue
+        ids = bos + tokens
         if len(ids) > max_prompt_length:
-            dropped += 1
+            dropped["overlong"].append(i)
             continue
         out.append(Example(ids, text, str(row["reward_model"]["ground_truth"]),
                            row.get("data_source") or "", row.get("extra_info") or {}))
-    if dropped:
-        _log.warning("data.overlong_prompts_dropped", path=path, dropped=dropped,
+    if dropped["overlong"]:
+        _log.warning("data.overlong_prompts_dropped", path=path, dropped=len(dropped["overlong"]),
                      max_prompt_length=max_prompt_length)
+    if dropped["empty_prompt"]:
+        _log.warning("data.empty_prompts_skipped", path=path, skipped=len(dropped["empty_prompt"]),
+                     rows=dropped["empty_prompt"][:20])
+    if skipped is not None:
+        skipped.update({k: len(v) for k, v in dropped.items()})
     if not out:
-        raise ValueError(f"{path}: no usable rows (dropped {dropped} overlong)")
+        raise ValueError(f"{path}: no usable rows (dropped {len(dropped['overlong'])} overlong, "
+                         f"{len(dropped['empty_prompt'])} whose prompt tokenizes to nothing)")
     return out
 
 

@@ -56,6 +56,22 @@ class Roles:
             weights, version = await self.actor.export_weights()
             await self.rollout.load_weights(weights, version)
 
+    def service_clients(self, role: str) -> list:
+        """The clients that talk to `role`'s service (colocated, the actor's serves the rollout too)."""
+        clients = [getattr(self, role)]
+        if role == "actor" and not self.standalone_rollout:
+            clients.append(self.rollout)
+        return clients
+
+    async def repoint(self, role: str, endpoint: str) -> None:
+        """`role`'s service was restarted at `endpoint`: its clients talk to it from now on.
+
+        With the local launcher a restarted service starts from the run's config.yaml, so this
+        is all the reconfiguring it needs; a service that starts without a run config (long-lived
+        services) gets its Configure call here."""
+        for client in self.service_clients(role):
+            await client.repoint(endpoint)
+
     async def close(self) -> None:
         for c in self._clients():
             await c.close()

@@ -15,7 +15,7 @@ from tandem.serving.process import init_service, load_tokenizer, parse_args, ser
 from tandem.serving.rank_group import RankGroup
 from tandem.serving.rollout_front import RolloutFront
 from tandem.serving.rollout_servicer import SERVICE as ROLLOUT_SERVICE
-from tandem.serving.rollout_servicer import RolloutServicer
+from tandem.serving.rollout_servicer import GenerationLimits, RolloutServicer
 
 
 def main(argv=None) -> None:
@@ -40,8 +40,9 @@ def main(argv=None) -> None:
     def servicers(thread):
         out = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
         if colocated:  # one thread for both: a generation never overlaps an update
+            limits = GenerationLimits(worker.shape.max_position_embeddings, cfg.actor_rollout_ref.rollout.max_batch_size)
             out.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                         thread, allow_load_weights=False)))
+                                                         thread, allow_load_weights=False, limits=limits)))
         return out
 
     serve_group("actor", args, group, servicers)

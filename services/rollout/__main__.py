@@ -13,7 +13,7 @@ from tandem.rollout.worker import RolloutWorker
 from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
 from tandem.serving.rank_group import RankGroup
 from tandem.serving.rollout_front import RolloutFront
-from tandem.serving.rollout_servicer import SERVICE, RolloutServicer
+from tandem.serving.rollout_servicer import SERVICE, GenerationLimits, RolloutServicer
 
 
 def main(argv=None) -> None:
@@ -29,7 +29,8 @@ def main(argv=None) -> None:
                            vocab_size=model.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
     group = RankGroup({"rollout": worker})
     front = RolloutFront(group, model.vocab_size, tokenizer.pad_token_id)
-    serve_group("rollout", args, group, lambda thread: [(SERVICE, RolloutServicer(front, thread))])
+    limits = GenerationLimits(shape.max_position_embeddings, cfg.actor_rollout_ref.rollout.max_batch_size)
+    serve_group("rollout", args, group, lambda thread: [(SERVICE, RolloutServicer(front, thread, limits=limits))])
 
 
 if __name__ == "__main__":

@@ -6,21 +6,28 @@ The config is the run's resolved YAML (tandem.config); the role takes its own se
 A service of several ranks (`services.<role>.world_size` > 1) is started the same way:
 that process is rank 0 (the gRPC front door); it validates the parallel layout, starts
 ranks 1..N-1 as child processes of the same module (`--rank i`), and all of them meet
-in torch.distributed. Children die with rank 0 (PR_SET_PDEATHSIG).
+in torch.distributed. Children die with rank 0 (PR_SET_PDEATHSIG), and rank 0 dies with
+any of them: a service that lost a rank cannot finish a collective, so it exits
+(rank_group.RANK_LOST_EXIT) and its launcher restarts it whole (controller/recovery.py).
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass, field
 
 import torch
 
 from tandem.config import TandemConfig, load_config
 from tandem.logging import configure_logging, get_logger
+
+_stopping = threading.Event()  # set by rank 0 before it stops its other ranks on purpose
 
 
 @dataclass
@@ -86,10 +93,26 @@ def _start_other_ranks(role: str, args: ServiceArgs, world_size: int, rendezvous
         base += ["--config", args.config_path]
     if args.run_id:
         base += ["--run-id", args.run_id]
+    ranks = []
     for rank in range(1, world_size):
         env = dict(os.environ, LOCAL_RANK=str(rank))
-        subprocess.Popen(base + ["--rank", str(rank), *args.overrides], env=env,
-                         preexec_fn=_die_with_parent)
+        ranks.append((rank, subprocess.Popen(base + ["--rank", str(rank), *args.overrides], env=env,
+                                             preexec_fn=_die_with_parent)))
+    if ranks:
+        threading.Thread(target=_exit_when_a_rank_dies, args=(role, ranks), daemon=True,
+                         name="rank-watch").start()
+
+
+def _exit_when_a_rank_dies(role: str, ranks: list[tuple[int, subprocess.Popen]]) -> None:
+    """Rank 0: exit at once when another rank exits unasked (killed, OOM, crashed), instead of
+    hanging in the next collective; the other ranks follow through PR_SET_PDEATHSIG."""
+    while not _stopping.is_set():
+        for rank, proc in ranks:
+            if proc.poll() is not None and not _stopping.is_set():
+                from tandem.serving.rank_group import exit_rank_lost
+
+                exit_rank_lost(rank=rank, pid=proc.pid, returncode=proc.returncode)
+        time.sleep(0.1)
 
 
 def _die_with_parent() -> None:
@@ -126,10 +149,15 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
 
     if not group.is_front:
         group.follow()
+        gc.freeze()
         return
     thread = WorkerThread(role)
     try:
         run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
+        _stopping.set()
         group.stop()
+        # The interpreter's final garbage collection walks every model object (seconds on a busy
+        # machine, past the launcher's grace period): the process is ending, skip it.
+        gc.freeze()

@@ -28,6 +28,7 @@ def check_trainer(cfg: TandemConfig) -> None:
     check(t.resume_mode != "resume_path" or bool(t.resume_from_path),
           "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
     check(t.save_freq >= 0, "trainer.save_freq", "must be >= 0")
+    check(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0")
     check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
 
 

@@ -1,0 +1,52 @@
+"""Weights and checkpoints a model service cannot take, at run time: NaN / inf in the weights
+pushed to a standalone rollout (INVALID_ARGUMENT naming the tensor), a checkpoint of another
+role (FAILED_PRECONDITION naming the checkpoint and a tensor it lacks), an empty or relative
+save path; each leaves the service's state as it was."""
+import asyncio
+
+import grpc
+import torch
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_nan_weights_are_refused_and_the_rollout_keeps_its_own(services):
+    async def main():
+        actor, rollout = services.client("actor"), services.client("rollout")
+        weights, version = await actor.export_weights()
+        await rollout.load_weights(weights, version)
+        prompts, greedy = services.prompts(), dict(max_new_tokens=6, greedy=True)
+        good = await rollout.generate_sequences(prompts, **greedy)
+        name = sorted(weights)[3]
+        bad = dict(weights, **{name: weights[name].clone()})
+        bad[name].view(-1)[7] = float("nan")
+        await services.expect_error(rollout.load_weights(bad, version + 1), INVALID, f"{name!r}", "NaN or inf")
+        bad[name] = weights[name].double()
+        await services.expect_error(rollout.load_weights(bad, version + 1), INVALID, f"{name!r}", "float64")
+        again = await rollout.generate_sequences(prompts, **greedy)
+        assert torch.equal(again["responses"], good["responses"])
+        assert torch.equal(again["rollout_log_probs"], good["rollout_log_probs"])
+        await actor.close()
+        await rollout.close()
+
+    asyncio.run(main())
+
+
+def test_another_roles_checkpoint_is_refused_naming_a_tensor(services, tmp_path):
+    async def main():
+        actor, critic = services.client("actor"), services.client("critic")
+        seq = services.sequences(await services.client("rollout", "actor").generate_sequences(
+            services.prompts(), max_new_tokens=6, n=2, temperature=0.7, seed=3))
+        before = (await actor.compute_log_prob(seq))["old_log_probs"]
+        critic_ckpt = await critic.save_checkpoint(str(tmp_path / "critic"))
+        await services.expect_error(actor.load_checkpoint(critic_ckpt), grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"{critic_ckpt!r}", "has no 'policy.", "another role's")
+        await services.expect_error(actor.save_checkpoint("relative/actor"), INVALID, "must be absolute")
+        await services.expect_error(critic.save_checkpoint(str(tmp_path)), grpc.StatusCode.FAILED_PRECONDITION,
+                                    "not a Tandem checkpoint")  # tmp_path holds critic/: never replaced
+        assert (tmp_path / "critic" / "tandem_complete").is_file()
+        assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], before)
+        await actor.close()
+        await critic.close()
+
+    asyncio.run(main())
