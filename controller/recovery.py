@@ -101,8 +101,10 @@ class Supervisor:
             async for resp in stub.Watch(health_pb2.HealthCheckRequest(service="")):
                 if resp.status != SERVING:
                     break
-        except grpc.aio.AioRpcError:
-            pass
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:  # an attached service without health
+                _log.info("service.no_health_stream", role=role)  # streams: its calls still tell
+                return
         _log.warning("service.health_lost", role=role)
         self._lost.add(role)
         if role not in STATELESS:

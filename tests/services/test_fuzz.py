@@ -4,8 +4,10 @@ come back (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, NOT_FO
 checkpoint path), no service dies or stops serving, and no service's memory grows past a
 bound. The services are put back to their state before (checkpoints) for the tests after."""
 import pytest
-from fuzz_runner import FuzzRun
-from fuzz_targets import Targets
+
+pytest.importorskip("hypothesis", reason="the fuzzer needs hypothesis: pip install -e '.[test]'")
+from fuzz_runner import FuzzRun  # noqa: E402
+from fuzz_targets import Targets  # noqa: E402
 
 BUDGET = 300  # requests
 GROWTH_BOUND_MIB = 300  # resident memory a service may gain (allocator high-water marks of larger requests)
