@@ -45,7 +45,7 @@ def main() -> int:
     print(f"machine: {platform.node()} {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
           f"python {platform.python_version()}", flush=True)
     tmp = tempfile.mkdtemp(prefix="tandem-fuzz-")
-    started = start_services(tmp, "fuzz")
+    started = start_services(tmp, "fuzz", ["services.actor.world_size=2"])  # every rank must stay intact
     try:
         tok = AutoTokenizer.from_pretrained(started.cfg.actor_rollout_ref.model.tokenizer_path)
         targets = Targets(started.endpoints, started.pids, tok, padded_vocab_size(len(tok)),

@@ -6,8 +6,6 @@ error mapping (tandem/rpc/client.py).
 """
 from __future__ import annotations
 
-import math
-
 from tandem.data import codec
 from tandem.data.batch import DataProto
 from tandem.rpc.client import ServiceClient
@@ -105,15 +103,9 @@ class RewardClient(ServiceClient):
         super().__init__(endpoint, reward_pb2_grpc.RewardServiceStub, **kw)
 
     async def score(self, batch: DataProto) -> list[float]:
-        """One finite score per row, or ValueError naming the service and the field `scores`
-        (a reward service may be anyone's: its answer is checked like a request)."""
+        return (await self.score_rows(batch))[0]
+
+    async def score_rows(self, batch: DataProto) -> tuple[list[float], dict[int, str]]:
+        """-> (one score per row, {row: reason} for the rows the service could not score)."""
         r = await self.call("Score", reward_pb2.ScoreRequest(batch=codec.encode_batch(batch)))
-        scores = list(r.scores)
-        where = f"RewardService.Score at {self.endpoint}"
-        if len(scores) != len(batch):
-            raise ValueError(f"{where} answered {len(scores)} values in 'scores' for {len(batch)} rows "
-                             "(one score per row, in row order)")
-        bad = [i for i, x in enumerate(scores) if not math.isfinite(x)]
-        if bad:
-            raise ValueError(f"{where}: 'scores' of rows {bad[:8]} are not finite ({scores[bad[0]]})")
-        return scores
+        return list(r.scores), {int(f.row): f.reason for f in r.failures}

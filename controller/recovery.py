@@ -155,7 +155,10 @@ class Supervisor:
             print(f"tandem: the {role} service died ({why}); restarting it "
                   f"(restart {self.restarts} of {self.max_restarts})", flush=True)
             _log.warning("service.restart", role=role, why=why, restarts=self.restarts, cause=str(cause))
-        endpoint = await self.launcher.restart(role)
+        try:
+            endpoint = await self.launcher.restart(role)
+        except NotImplementedError as e:  # a launcher without restarts (compose, Ray): the run ends here
+            raise RunStopped(f"the {role} service died ({why}; last call: {cause}) and {e}") from cause
         await self.roles.repoint(role, endpoint)
         await self.roles.service_clients(role)[0].wait_healthy(timeout_s=self.startup_timeout_s)
         self._start_watch(role)

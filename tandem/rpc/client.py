@@ -1,7 +1,8 @@
 """Async gRPC client base: channel options, deadlines, metadata, error mapping.
 
 `ServiceClient` wraps one generated stub. Every call has a deadline, carries
-the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id,
+the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id
+(and the endpoint's bearer token, over TLS when configured: tandem/rpc/security.py),
 and turns a failed call into the matching `TandemError` subclass with the
 message "<Service>.<Method>: <details>". No retries here: the controller
 decides what is safe to repeat (an update is not). It can re-point a client at a
@@ -21,12 +22,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.rpc.errors import TandemError, Unavailable, error_from_rpc
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 
-def make_channel(endpoint: str, max_message_mb: int = 512) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel with deliberate message-size limits."""
+def make_channel(endpoint: str, max_message_mb: int = 512,
+                 security: EndpointSecurity = PLAINTEXT) -> grpc.aio.Channel:
+    """A grpc.aio channel with deliberate message-size limits; TLS and a bearer token per `security`."""
     max_bytes = max_message_mb * 1024 * 1024
-    return grpc.aio.insecure_channel(endpoint, options=[
+    return security.channel(endpoint, [
         ("grpc.max_send_message_length", max_bytes),
         ("grpc.max_receive_message_length", max_bytes),
     ])
@@ -42,14 +45,15 @@ class ServiceClient:
     """One endpoint, one stub; `await client.call("Score", request)`."""
 
     def __init__(self, endpoint: str, stub_cls: type, *, timeout_s: float = 600,
-                 metadata: dict | None = None, max_message_mb: int = 512):
+                 metadata: dict | None = None, max_message_mb: int = 512,
+                 security: EndpointSecurity = PLAINTEXT):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.service = stub_cls.__name__.removesuffix("Stub")
         self._metadata: dict[str, str] = {}
         self.set_metadata(**(metadata or {}))
-        self._stub_cls, self._max_message_mb = stub_cls, max_message_mb
-        self._channel = make_channel(endpoint, max_message_mb)
+        self._stub_cls, self._max_message_mb, self._security = stub_cls, max_message_mb, security
+        self._channel = make_channel(endpoint, max_message_mb, security)
         self.stub = stub_cls(self._channel)
         # (error, endpoint it came from) -> True when the service is back and the call may be sent again
         self.resend_after_failure: Callable[[TandemError, str], Awaitable[bool]] | None = None
@@ -57,7 +61,7 @@ class ServiceClient:
     async def repoint(self, endpoint: str) -> None:
         """Talk to `endpoint` from now on (the service was restarted there)."""
         old, self.endpoint = self._channel, endpoint
-        self._channel = make_channel(endpoint, self._max_message_mb)
+        self._channel = make_channel(endpoint, self._max_message_mb, self._security)
         self.stub = self._stub_cls(self._channel)
         await old.close()
 

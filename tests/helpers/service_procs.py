@@ -17,8 +17,7 @@ SERVICE_OVERRIDES = [
     "actor_rollout_ref.model.init_std=0.3", "actor_rollout_ref.rollout.mode=colocated",
     "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.shuffle=false",
     "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
-    "services.actor.torch_threads=1",
-    "services.actor.world_size=2"]  # the actor as two DP ranks: bad input must leave every rank intact
+    "services.actor.torch_threads=1"]
 
 
 @dataclass

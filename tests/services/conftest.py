@@ -1,6 +1,8 @@
 """Real service processes for the service tests, started once per session
 (tests/helpers/service_procs.py): actor (colocated: it also serves RolloutService; two DP
-ranks), reward, critic and a standalone rollout, by the controller's local launcher."""
+ranks), reward, critic and a standalone rollout, by the controller's local launcher, as
+`tandem run` starts them."""
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import grpc
@@ -32,9 +34,11 @@ class Services:
             RewardClient,
             RolloutClient,
         )
+        from controller.roles import security
 
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
-        return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id})
+        return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},
+                   security=security(self.cfg, role or kind))
 
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
@@ -45,14 +49,17 @@ class Services:
         return DataProto(tensors={"input_ids": ids, "attention_mask": mask})
 
 
-@pytest.fixture(scope="session")
-def services(tmp_path_factory):
+@contextmanager
+def launched(base, overrides: list[str]):
+    """All four roles as real processes from one run's config (+ `overrides`): actor (colocated
+    rollout), reward, critic and a standalone rollout, started in parallel by the controller's
+    local launcher (tests/helpers/service_procs.py) -> Services; every process stopped afterwards."""
     from service_procs import start_services, stop_services
     from transformers import AutoTokenizer
 
     from tandem.models.shape_from_config import padded_vocab_size
 
-    started = start_services(str(tmp_path_factory.mktemp("service_runs")), "service_tests")
+    started = start_services(str(base), "service_tests", overrides)
     try:
         cfg = started.cfg
         tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
@@ -63,6 +70,13 @@ def services(tmp_path_factory):
     for launcher in started.launchers:
         for role, proc in launcher.processes.items():
             assert proc.returncode is not None, f"{role} service still running"
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory):
+    # the actor as two DP ranks: bad input must leave every rank intact
+    with launched(tmp_path_factory.mktemp("service_runs"), ["services.actor.world_size=2"]) as running:
+        yield running
 
 
 # ---- helpers ------------------------------------------------------------------------------
