@@ -8,16 +8,17 @@ import subprocess
 import sys
 import time
 
-TIMING = ("timing_s/", "perf/")  # wall-clock figures differ between any two runs
+# wall-clock and memory figures differ between any two runs; perf/total_num_tokens does not
+NOT_COMPARED = ("timing_s/", "perf/time_per_step", "perf/throughput", "perf/max_memory", "perf/cpu_memory", "perf/mfu")
 
 
 def step_metrics(run_dir) -> dict[int, dict]:
-    """{step: that step's line without timing keys} of the RL step lines of metrics.jsonl
+    """{step: that step's line without wall-clock or memory keys} of the RL step lines of metrics.jsonl
     (one line per step: a recovered run's lines of redone steps replaced the old ones)."""
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [m["step"] for m in lines if "actor/pg_loss" in m]
     assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
-    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(TIMING)}
+    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)}
             for m in lines if "actor/pg_loss" in m}
 
 
