@@ -145,12 +145,21 @@ class KillBench:
             role, rank = (target.split(" rank ")[0], int(target.split(" rank ")[1])) if " rank " in target \
                 else (target, 0)
             os.kill(self.rank_pid(role, rank), signal.SIGKILL)
+            self.wait_exit(role)
         self.by_target[target] += 1
         proc.kill()
         proc.wait()
         for role in ("actor", "critic"):
             if not self.launcher.is_running(role) or not self.answers(role):
                 self.restart(role)
+
+    def wait_exit(self, role: str, timeout_s: float = 120) -> None:
+        """Until `role`'s rank 0 has exited: at once when it was killed, after noticing its lost
+        rank otherwise (on a loaded machine that takes a while; a load sent before would meet a
+        dying service, which says nothing about the checkpoint)."""
+        deadline = time.monotonic() + timeout_s
+        while self.launcher.is_running(role) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def writing_now(self) -> str:
         """Which part of the newest step directory is being written (or the gap between saves)."""
