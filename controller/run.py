@@ -29,7 +29,7 @@ from controller.data import Cursor, collate, load_examples
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
 from controller.recovery import STATELESS, Supervisor
-from controller.roles import Roles, connect, needed_roles
+from controller.roles import Roles, attach_endpoints, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
 from controller.sft import run_sft
 from controller.step import StepContext, ppo_step
@@ -162,8 +162,9 @@ class Run:
 
     async def _connect(self, launcher: Launcher) -> Roles:
         roles = needed_roles(self.cfg)
-        attach = {r: getattr(self.cfg.services, r).endpoint for r in roles}
-        connected = await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id)
+        attach = attach_endpoints(self.cfg, roles)
+        connected = await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id,
+                                  self.tokenizer.pad_token_id)
         self.supervisor = Supervisor(launcher, connected, [r for r in roles if not attach[r]],
                                      {r: e for r, e in attach.items() if e}, self.cfg.trainer.max_restarts,
                                      self.cfg.services.startup_timeout_s, on_restart=self._restarted)
@@ -186,7 +187,7 @@ class Run:
         """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk
         from the policy, and validation at step 0."""
         t, roles = self.cfg.trainer, self.roles
-        await roles.sync_rollout()
+        await roles.sync_rollout(force=True)
         self.summary["val_accuracy_init"] = await self._greedy_accuracy()
         if t.sft.total_steps > 0:
             t0 = time.time()
@@ -195,7 +196,7 @@ class Run:
                                             t.sft.batch_size, t.sft.data_seed, bar)
             self.summary["sft_time_s"] = time.time() - t0
             self.summary["sft_final"] = sft_metrics
-            await roles.sync_rollout()
+            await roles.sync_rollout(force=True)
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
             path = await roles.actor.save_checkpoint(os.path.join(self.run_dir, "checkpoints", "init", "actor"))
@@ -208,7 +209,7 @@ class Run:
         """Policy, reference, optimizers and critic as they were, then this object's state;
         metrics logged for later steps (a crash after the checkpoint) are dropped."""
         state = await checkpointing.restore(self.roles, ckpt)
-        await self.roles.sync_rollout()
+        await self.roles.sync_rollout(force=True)  # a restarted rollout may hold any version
         self.load_state_dict(state)
         self.tracking.rewind(self.steps.done)
         self.warmed_up = True

@@ -115,11 +115,10 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     with timed(metrics, "update_actor_critic"):
-        update_metrics = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
+        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
     metrics.update(update_metrics)
-    if ctx.roles.standalone_rollout:  # colocated, the rollout generates on the actor's own weights
-        with timed(metrics, "sync_weights"):
-            await ctx.roles.sync_rollout()
+    # standalone: the rollout pulls the new version (timing_s/weight_sync); colocated: nothing to do
+    metrics.update(await ctx.roles.sync_rollout(version))
     metrics.update(data_metrics(ctx, gen, lp, adv))
     metrics.update(perf_metrics(gen, t_step))
     return metrics
@@ -251,11 +250,12 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
 
 
 async def update_actor_critic(roles: Roles, actor_batch: DataProto,
-                              critic_batch: DataProto | None) -> dict[str, float]:
-    (actor_metrics, _version), critic_metrics = await asyncio.gather(
+                              critic_batch: DataProto | None) -> tuple[dict[str, float], int]:
+    """-> (the actor's and critic's metrics, the actor's weights version after its update)."""
+    (actor_metrics, version), critic_metrics = await asyncio.gather(
         roles.actor.update_actor(actor_batch),
         _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
-    return {**actor_metrics, **(critic_metrics or {})}
+    return {**actor_metrics, **(critic_metrics or {})}, version
 
 
 # ---- metrics --------------------------------------------------------------------------------

@@ -24,10 +24,14 @@ from dataclasses import dataclass
 from google.protobuf import descriptor, descriptor_pool, message_factory
 from hypothesis import strategies as st
 
-from tandem.v1 import actor_pb2, critic_pb2, data_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the pool)
+from tandem.v1 import actor_pb2, critic_pb2, data_pb2, reward_pb2, rollout_pb2, weights_pb2  # noqa: F401  (fill the pool)
 
 SERVICES = ("tandem.v1.ActorService", "tandem.v1.RolloutService", "tandem.v1.CriticService",
             "tandem.v1.RewardService")
+# RPCs whose request names an address the service then connects to (a weight source, a
+# rendezvous store): fuzzing them would have the services dial arbitrary hosts and ports, and
+# wait out arbitrary timeouts. Not fuzzed; their argument checks have their own tests.
+DIALING = frozenset({"RolloutService.SyncWeights", "ActorService.JoinWeightGroup"})
 FD = descriptor.FieldDescriptor
 INT_RANGES = {FD.TYPE_INT32: (-2**31, 2**31 - 1), FD.TYPE_SINT32: (-2**31, 2**31 - 1),
               FD.TYPE_SFIXED32: (-2**31, 2**31 - 1), FD.TYPE_UINT32: (0, 2**32 - 1),
@@ -36,6 +40,7 @@ INT_RANGES = {FD.TYPE_INT32: (-2**31, 2**31 - 1), FD.TYPE_SINT32: (-2**31, 2**31
               FD.TYPE_UINT64: (0, 2**64 - 1), FD.TYPE_FIXED64: (0, 2**64 - 1)}
 ODD_FLOATS = [float("nan"), float("inf"), float("-inf"), 0.0, -0.0, -1.0, 1e-45, 1e38, -1e38, 1e308, 2.5]
 ODD_META = [float("nan"), float("inf"), -1.0, 0.0, 0.5, 1e300, 2.0**53 + 1, "abc", "", [1, 2], {"a": 1}, True, None]
+SIZES = ("chunk_bytes", "start", "end", "bucket_bytes")
 HUGE_DIMS = [2**31, 2**40, 2**62, 2**63 - 1, 10**6]
 
 
@@ -44,6 +49,7 @@ class Rpc:
     service: str  # full name, e.g. tandem.v1.ActorService
     method: str
     request_cls: type
+    streaming: bool = False  # the answer is a server stream
 
     @property
     def path(self) -> str:
@@ -62,10 +68,11 @@ class Case:
 
 
 def rpcs() -> list[Rpc]:
-    """Every RPC of every tandem.v1 service, from the descriptor pool."""
+    """Every RPC of every tandem.v1 service but the DIALING ones, from the descriptor pool."""
     pool = descriptor_pool.Default()
-    return [Rpc(name, m.name, message_factory.GetMessageClass(m.input_type))
-            for name in SERVICES for m in pool.FindServiceByName(name).methods]
+    out = [Rpc(name, m.name, message_factory.GetMessageClass(m.input_type), m.server_streaming)
+           for name in SERVICES for m in pool.FindServiceByName(name).methods]
+    return [r for r in out if r.name not in DIALING]
 
 
 # ---- any message of a type, from its descriptor -------------------------------------------------
@@ -295,7 +302,7 @@ def mutated(draw, rpc: Rpc, seed, paths: list[str], vocab: int):
     done = []
     for _ in range(draw(st.integers(1, 3))):
         options = [f for f in ("batch", "weights", "sampling", "path", "weights_version", "trunk_only",
-                               "calculate_entropy") if f in msg.DESCRIPTOR.fields_by_name]
+                               "calculate_entropy", *SIZES, "group_id") if f in msg.DESCRIPTOR.fields_by_name]
         if not options:
             break
         field = draw(st.sampled_from(options))
@@ -309,8 +316,14 @@ def mutated(draw, rpc: Rpc, seed, paths: list[str], vocab: int):
             msg.path = draw(st.sampled_from(paths))
             done.append(f"path {msg.path[-40:]!r}")
         elif field == "weights_version":
-            msg.weights_version = draw(st.sampled_from([-1, -2**63, 2**63 - 1]))
+            msg.weights_version = draw(st.sampled_from([-1, -2**63, 2**63 - 1, (msg.weights_version + 1) % 2**62]))
             done.append("weights_version")
+        elif field in SIZES:  # byte counts and ranges of the weight plane
+            setattr(msg, field, draw(st.sampled_from([-1, 0, 1, 255, 2**31, 2**40, 2**63 - 1, -2**63])))
+            done.append(field)
+        elif field == "group_id":
+            msg.group_id = draw(st.sampled_from(["", "unknown", "x" * 10_000, "\x00"]))
+            done.append("group_id")
         else:
             setattr(msg, field, not getattr(msg, field))
             done.append(field)

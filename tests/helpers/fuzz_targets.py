@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.data import codec
 from tandem.data.batch import DataProto
-from tandem.v1 import actor_pb2, common_pb2, critic_pb2, reward_pb2, rollout_pb2
+from tandem.v1 import actor_pb2, common_pb2, critic_pb2, reward_pb2, rollout_pb2, weights_pb2
 
 # clear answers to a bad request; OK for a request that happens to be valid
 ALLOWED = frozenset({"OK", "INVALID_ARGUMENT", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "NOT_FOUND"})
@@ -44,10 +44,15 @@ class Targets:
     # ---- sending --------------------------------------------------------------------------
 
     def send(self, case: Case, role: str) -> tuple[str, str]:
-        """-> (status code name, details) of `case` sent as raw bytes to `role`'s service."""
-        call = self.channels[role].unary_unary(case.rpc.path, request_serializer=None, response_deserializer=None)
+        """-> (status code name, details) of `case` sent as raw bytes to `role`'s service (a
+        server stream is read to its end)."""
+        kind = self.channels[role].unary_stream if case.rpc.streaming else self.channels[role].unary_unary
+        call = kind(case.rpc.path, request_serializer=None, response_deserializer=None)
         try:
-            call(case.payload, timeout=self.timeout_s)
+            answer = call(case.payload, timeout=self.timeout_s)
+            if case.rpc.streaming:
+                for _ in answer:
+                    pass
             return "OK", ""
         except grpc.RpcError as e:
             return e.code().name, e.details() or ""
@@ -83,8 +88,7 @@ class Targets:
         sft = DataProto(tensors={"input_ids": seq["input_ids"], "attention_mask": seq["attention_mask"],
                                  "loss_mask": torch.cat([torch.zeros_like(ids).repeat_interleave(2, 0),
                                                          seq["response_mask"].long()], 1)})
-        weights = self._call("actor", "/tandem.v1.ActorService/ExportWeights", actor_pb2.ExportWeightsRequest(),
-                             actor_pb2.ExportWeightsResponse).weights
+        version = self.weights_version()
         score = DataProto(columns={"response_text": ["19", "993", "7", "x"], "ground_truth": ["19", "993", "8", "1"],
                                    "data_source": ["tandem/arithmetic"] * 4})
         ckpt = self.checkpoints()
@@ -95,11 +99,17 @@ class Targets:
             "ActorService.UpdateActor": actor_pb2.UpdateActorRequest(batch=codec.encode_batch(update)),
             "ActorService.TrainSft": actor_pb2.TrainSftRequest(batch=codec.encode_batch(sft)),
             "ActorService.SetReference": actor_pb2.SetReferenceRequest(),
-            "ActorService.ExportWeights": actor_pb2.ExportWeightsRequest(),
+            "ActorService.GetWeightsManifest": weights_pb2.GetWeightsManifestRequest(),
+            "ActorService.StreamWeights": weights_pb2.StreamWeightsRequest(weights_version=version,
+                                                                           chunk_bytes=1 << 16),
+            "ActorService.ShareWeights": weights_pb2.ShareWeightsRequest(weights_version=version),
+            "ActorService.ReleaseWeights": weights_pb2.ReleaseWeightsRequest(weights_version=version),
+            "ActorService.BroadcastWeights": weights_pb2.BroadcastWeightsRequest(
+                group_id="fuzz", weights_version=version, bucket_bytes=1 << 20),
             "ActorService.SaveCheckpoint": common_pb2.SaveCheckpointRequest(path=os.path.join(self.workdir, "save")),
             "ActorService.LoadCheckpoint": common_pb2.LoadCheckpointRequest(path=ckpt["actor"]),
             "RolloutService.GenerateSequences": generate,
-            "RolloutService.LoadWeights": rollout_pb2.LoadWeightsRequest(weights=weights, weights_version=7),
+            "RolloutService.GetWeightsDigest": rollout_pb2.GetWeightsDigestRequest(),
             "CriticService.ComputeValues": critic_pb2.ComputeValuesRequest(batch=pb_seq),
             "CriticService.UpdateCritic": critic_pb2.UpdateCriticRequest(batch=codec.encode_batch(critic)),
             "CriticService.SaveCheckpoint": common_pb2.SaveCheckpointRequest(path=os.path.join(self.workdir, "csave")),
@@ -127,8 +137,16 @@ class Targets:
             self._call(role, f"/tandem.v1.{service}/LoadCheckpoint", common_pb2.LoadCheckpointRequest(path=path),
                        common_pb2.LoadCheckpointResponse)
         if "rollout" in self.channels:
-            self._call("rollout", "/tandem.v1.RolloutService/LoadWeights", seeds["RolloutService.LoadWeights"],
-                       rollout_pb2.LoadWeightsResponse)
+            self._call("rollout", "/tandem.v1.RolloutService/SyncWeights",
+                       rollout_pb2.SyncWeightsRequest(weights_version=self.weights_version(),
+                                                      source=self.endpoints["actor"], force=True),
+                       rollout_pb2.SyncWeightsResponse)
+
+    def weights_version(self) -> int:
+        """The actor's current weights version (its weight source's manifest)."""
+        return self._call("actor", "/tandem.v1.ActorService/GetWeightsManifest",
+                          weights_pb2.GetWeightsManifestRequest(),
+                          weights_pb2.GetWeightsManifestResponse).manifest.weights_version
 
     def paths(self) -> list[str]:
         """Checkpoint paths for SaveCheckpoint / LoadCheckpoint: odd ones, all under workdir."""

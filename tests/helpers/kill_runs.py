@@ -8,8 +8,12 @@ import subprocess
 import sys
 import time
 
-# wall-clock and memory figures differ between any two runs; perf/total_num_tokens does not
-NOT_COMPARED = ("timing_s/", "perf/time_per_step", "perf/throughput", "perf/max_memory", "perf/cpu_memory", "perf/mfu")
+COUNTED = {"perf/total_num_tokens"}  # the one perf/ figure that is not wall-clock, rate or memory
+
+
+def compared(key: str) -> bool:
+    """Not a wall-clock time, rate or memory figure (those differ between any two runs)."""
+    return not key.startswith("timing_s/") and (not key.startswith("perf/") or key in COUNTED)
 
 
 def step_metrics(run_dir) -> dict[int, dict]:
@@ -18,7 +22,7 @@ def step_metrics(run_dir) -> dict[int, dict]:
     lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [m["step"] for m in lines if "actor/pg_loss" in m]
     assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
-    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(NOT_COMPARED)}
+    return {m["step"]: {k: v for k, v in m.items() if compared(k)}
             for m in lines if "actor/pg_loss" in m}
 
 

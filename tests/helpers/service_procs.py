@@ -1,6 +1,7 @@
 """Real service processes started by the controller's local launcher, as `tandem run` starts them:
 actor (colocated: it also serves RolloutService), reward and critic from a run's config.yaml, and
-a standalone rollout from a copy with rollout.mode=standalone, all four at once.
+standalone rollouts (`rollout`, `rollout-1`: replicas) from a copy with rollout.mode=standalone,
+all at once.
 
 Used by tests/services/conftest.py (the session's services) and bench/fuzz_services.py.
 """
@@ -31,10 +32,11 @@ class Started:
 
 
 def start_services(base_dir: str, experiment: str, overrides=(),
-                   roles=("actor", "reward", "critic", "rollout")) -> Started:
-    """Start `roles` (actor, reward, critic and a standalone rollout) under a new run directory
-    in `base_dir`; stop them with `stop_services`."""
+                   roles=("actor", "reward", "critic", "rollout", "rollout-1")) -> Started:
+    """Start `roles` (actor, reward, critic and standalone rollout replicas) under a new run
+    directory in `base_dir`; stop them with `stop_services`."""
     from controller.launchers import LaunchContext
+    from controller.launchers.commands import service_of
     from controller.launchers.local import LocalLauncher
     from controller.run_dir import create_run_dir
     from tandem.config import load_config, to_yaml
@@ -53,8 +55,8 @@ def start_services(base_dir: str, experiment: str, overrides=(),
                  for path in (os.path.join(run_dir, "config.yaml"), standalone_yaml)]
 
     async def start() -> dict:
-        main, alone = await asyncio.gather(launchers[0].start([r for r in roles if r != "rollout"]),
-                                           launchers[1].start([r for r in roles if r == "rollout"]))
+        main, alone = await asyncio.gather(launchers[0].start([r for r in roles if service_of(r) != "rollout"]),
+                                           launchers[1].start([r for r in roles if service_of(r) == "rollout"]))
         return {**main, **alone}
 
     try:

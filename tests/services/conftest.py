@@ -1,7 +1,8 @@
 """Real service processes for the service tests, started once per session
 (tests/helpers/service_procs.py): actor (colocated: it also serves RolloutService; two DP
-ranks), reward, critic and a standalone rollout, by the controller's local launcher, as
-`tandem run` starts them."""
+ranks), reward, critic and two standalone rollouts (`rollout`, `rollout-1`: replicas), by the
+controller's local launcher, as `tandem run` starts them. The standalone rollouts pull their
+weights from the actor (tandem/weights/)."""
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -39,6 +40,10 @@ class Services:
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
         return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},
                    security=security(self.cfg, role or kind))
+
+    def source(self) -> str:
+        """The actor's endpoint: where the standalone rollouts pull weights from."""
+        return self.endpoints["actor"]
 
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
