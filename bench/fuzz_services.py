@@ -5,7 +5,9 @@ colocated RolloutService, a standalone rollout, a critic, the reward service), m
 request of every RPC from their own answers, and sends `--requests` generated requests
 (tests/helpers/fuzz_strategies.py: any message from the descriptor, valid requests with one
 to three mutations, corrupted bytes). A good answer is OK or a clear status
-(INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, NOT_FOUND for a checkpoint path);
+(INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, NOT_FOUND for a checkpoint path,
+ABORTED for a weight-plane version an update replaced); RolloutService.SyncWeights and
+ActorService.JoinWeightGroup are not fuzzed (they dial addresses named in the request);
 anything else is counted as unexpected and printed with what made the request. Prints the
 count per RPC and status, unexpected statuses, crashed services, and each service's resident
 memory before and after (all its ranks) with the growth as a ratio of the baseline.

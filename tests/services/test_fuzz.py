@@ -1,7 +1,7 @@
 """Fuzzed requests to every RPC of every real service (tests/helpers/fuzz_*.py: hypothesis,
 from the protos), with a CI budget; bench/fuzz_services.py sends 10,000. Only clear statuses
 come back (OK, INVALID_ARGUMENT, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, NOT_FOUND for a
-checkpoint path), no service dies or stops serving, and no service's memory grows past a
+checkpoint path, ABORTED for a weight-plane version an update replaced), no service dies or stops serving, and no service's memory grows past a
 bound. RolloutService.SyncWeights and ActorService.JoinWeightGroup are left out (their requests
 name addresses the services would dial: fuzz_strategies.DIALING). The services are put back
 to their state before (checkpoints) for the tests after."""
