@@ -20,7 +20,6 @@ rank 0 also watches the ranks it started) and its launcher restarts it whole (co
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import signal
 import socket
@@ -190,7 +189,6 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
 
     if not group.is_front:
         group.follow()
-        gc.freeze()
         return
     thread = WorkerThread(role)
     try:
@@ -200,6 +198,3 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         _stopping.set()
         group.stop()
-        # The interpreter's final garbage collection walks every model object (seconds on a busy
-        # machine, past the launcher's grace period): the process is ending, skip it.
-        gc.freeze()
