@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     for notice in taken.notices:  # what each verl key Tandem maps became
         print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
+    from controller.recovery import RunStopped
     from controller.reward_calls import RewardFailure
     from controller.run import run
 
@@ -68,6 +69,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"tandem: run stopped: {e}", file=sys.stderr)
+        return 1
     except RewardFailure as e:
         print(f"tandem: run failed: {e}", file=sys.stderr)
         return 1

@@ -85,11 +85,13 @@ def _fit(ids: list[int], spec: PromptSpec, where: str) -> list[int] | None:
 
 
 def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: PromptSpec | None = None,
-                  max_samples: int = -1) -> list[Example]:
+                  max_samples: int = -1, skipped: dict | None = None) -> list[Example]:
     """Tokenize every row of a file or a list of files (first `max_samples` rows, -1: all);
-    rows whose prompt exceeds max_prompt_length are dropped (logged) or truncated (`spec`)."""
+    rows whose prompt exceeds max_prompt_length are dropped (logged) or truncated (`spec`); rows
+    whose prompt tokenizes to nothing (no step could generate from it) are skipped (logged with
+    their rows). Both are counted in `skipped` ({"overlong": n, "empty_prompt": n}) when given."""
     spec = spec or PromptSpec(max_prompt_length)
-    out, dropped = [], 0
+    out, dropped, empty = [], 0, []
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     paths = [path] if isinstance(path, str) else list(path)
     rows = [(p, i, row) for p in paths for i, row in enumerate(read_rows(p))]
@@ -98,7 +100,11 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
             if key not in row:
                 raise ValueError(f"{p}: row {i} has no column {key!r}")
         text = render_prompt(row[spec.prompt_key], tokenizer, spec.chat_kwargs)
-        ids = _fit(bos + tokenizer(text, add_special_tokens=False)["input_ids"], spec, f"{p}: row {i}")
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not tokens:
+            empty.append(f"{p}: row {i}")
+            continue
+        ids = _fit(bos + tokens, spec, f"{p}: row {i}")
         if ids is None:
             dropped += 1
             continue
@@ -107,18 +113,24 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
     if dropped:
         _log.warning("data.overlong_prompts_dropped", path=paths, dropped=dropped,
                      max_prompt_length=spec.max_prompt_length)
+    if empty:
+        _log.warning("data.empty_prompts_skipped", path=paths, skipped=len(empty), rows=empty[:20])
+    if skipped is not None:
+        skipped.update({"overlong": dropped, "empty_prompt": len(empty)})
     if not out:
-        raise ValueError(f"{paths}: no usable rows (dropped {dropped} overlong)")
+        raise ValueError(f"{paths}: no usable rows (dropped {dropped} overlong, {len(empty)} whose prompt "
+                         "tokenizes to nothing)")
     return out
 
 
-def load_split(d, which: str, tokenizer) -> list[Example]:
-    """data.train_files (which="train") or data.val_files ("val") with data.*'s options ([] when unset)."""
+def load_split(d, which: str, tokenizer, skipped: dict | None = None) -> list[Example]:
+    """data.train_files (which="train") or data.val_files ("val") with data.*'s options ([] when
+    unset); `skipped`: see load_examples."""
     files = d.train_files if which == "train" else d.val_files
     if not files:
         return []
     max_samples = d.train_max_samples if which == "train" else d.val_max_samples
-    return load_examples(files, tokenizer, spec=PromptSpec.of(d), max_samples=max_samples)
+    return load_examples(files, tokenizer, spec=PromptSpec.of(d), max_samples=max_samples, skipped=skipped)
 
 
 def with_epoch_steps(cfg, train_rows: int):

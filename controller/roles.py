@@ -60,6 +60,25 @@ class Roles:
             return {}
         return await sync_weights(self.actor, self.rollout, version, force=force)
 
+    def service_clients(self, role: str) -> list:
+        """The clients that talk to `role`'s service (colocated, the actor's serves the rollout
+        too; `rollout-k`: the k-th standalone rollout replica)."""
+        if service_of(role) == "rollout" and self.standalone_rollout:
+            return [self.rollout.clients[replica_index(role)]]
+        clients = [getattr(self, role)]
+        if role == "actor" and not self.standalone_rollout:
+            clients.append(self.rollout)
+        return clients
+
+    async def repoint(self, role: str, endpoint: str) -> None:
+        """`role`'s service was restarted at `endpoint`: its clients talk to it from now on.
+
+        With the local launcher a restarted service starts from the run's config.yaml, so this
+        is all the reconfiguring it needs; a service that starts without a run config (long-lived
+        services) gets its Configure call here."""
+        for client in self.service_clients(role):
+            await client.repoint(endpoint)
+
     async def close(self) -> None:
         for c in self._clients():
             await c.close()

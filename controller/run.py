@@ -6,7 +6,9 @@ starts or attaches to the services (controller/launchers/), warms the policy up 
 before SFT, SFT, reference := policy, critic trunk from the policy, validation at step 0)
 or restores a checkpoint, runs the RL steps (controller/step.py) with validation every
 `trainer.test_freq` and checkpoints every `trainer.save_freq`, validates and saves at the
-end, and writes summary.json and curves.png.
+end, and writes summary.json and curves.png. When a service dies on the way
+(controller/recovery.py) it is restarted and the run goes back to its latest complete
+checkpoint with the resume path (`_restore`), or to the beginning when there is none.
 
 Its Stateful parts, saved in controller_state.json and restored on resume: the data
 cursor, the KL controller, the step counter and the summary values a resumed run still
@@ -32,6 +34,7 @@ from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
 from controller.data import Cursor, collate, load_split, with_epoch_steps
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
+from controller.recovery import STATELESS, Supervisor
 from controller.roles import Roles, attach_endpoints, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
 from controller.sft import run_sft
@@ -92,20 +95,25 @@ class Run:
         self.run_id = os.path.basename(run_dir)
         self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
         d, k = cfg.data, cfg.algorithm.kl_ctrl
-        self.train = load_split(d, "train", self.tokenizer)
-        self.val = load_split(d, "val", self.tokenizer)
+        skipped: dict[str, dict] = {"train": {}, "val": {}}  # rows no step can use, by reason (summary.json)
+        self.train = load_split(d, "train", self.tokenizer, skipped["train"])
+        self.val = load_split(d, "val", self.tokenizer, skipped["val"])
         self.cfg = cfg = with_epoch_steps(cfg, len(self.train))  # verl's trainer.total_epochs
         # Stateful parts (controller_state.json)
         self.cursor = Cursor(len(self.train), seed=d.seed, shuffle=d.shuffle)
         self.kl_ctrl = get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
         self.steps = StepCounter()
         self.summary = Summary(experiment=cfg.trainer.experiment_name,
-                               adv_estimator=cfg.algorithm.adv_estimator, val_size=len(self.val))
+                               adv_estimator=cfg.algorithm.adv_estimator, val_size=len(self.val), restarts=0,
+                               data_rows_skipped=skipped)
+        self._initial_state = self.state_dict()  # what a run with no checkpoint yet goes back to
         # while the services are up (execute)
         self.roles: Roles | None = None
         self.tracking: Tracking | None = None
         self.cancel = CancelFlag()  # set from another thread: the run stops at its next safe point
         self.completed_state: dict | None = None  # state_dict() as of the last completed step
+        self.supervisor: Supervisor | None = None
+        self.warmed_up = False  # warm start done, or a checkpoint restored
 
     @classmethod
     def open(cls, cfg: TandemConfig) -> Run:
@@ -146,9 +154,10 @@ class Run:
         self.tracking = self.open_tracking()
         try:
             self.roles = await self._connect(launcher)
-            await (self._restore() if self.resume_from else self._warm_start())
-            await self._train()
-            await self._finish()
+            if self.resume_from:
+                await self._restore(self.resume_from)
+                self.summary["resumed_from"] = self.resume_from
+            await self.supervisor.guard(self._body, self._recover)
         except Exception as e:
             if not self.cancel.is_set():
                 raise
@@ -156,6 +165,8 @@ class Run:
             await save_on_cancel(self.roles, self.run_dir, self.cfg.trainer.save_freq, self.completed_state)
             raise RunCancelled(self.cancel.reason) from e
         finally:
+            if self.supervisor is not None:
+                await self.supervisor.close()
             self.tracking.close()
             if self.roles is not None:
                 await self.roles.close()
@@ -170,8 +181,25 @@ class Run:
     async def _connect(self, launcher: Launcher) -> Roles:
         roles = needed_roles(self.cfg)
         attach = attach_endpoints(self.cfg, roles)
-        return await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id,
-                             self.tokenizer.pad_token_id)
+        connected = await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id,
+                                  self.tokenizer.pad_token_id)
+        self.supervisor = Supervisor(launcher, connected, [r for r in roles if not attach[r]],
+                                     {r: e for r, e in attach.items() if e}, self.cfg.trainer.max_restarts,
+                                     self.cfg.services.startup_timeout_s, on_restart=self._restarted)
+        self.supervisor.watch()
+        return connected
+
+    async def _body(self) -> None:
+        """What the supervisor runs (again after a recovery): warm start unless a checkpoint
+        was restored, the RL steps left, the end."""
+        t = self.cfg.trainer
+        if not self.warmed_up:
+            await self._warm_start()
+            self.warmed_up = True
+            if t.max_restarts and t.save_freq:  # global_step_0: what a crash before step save_freq goes back to
+                await self._save()
+        await self._train()
+        await self._finish()
 
     async def _warm_start(self) -> None:
         """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk
@@ -196,12 +224,36 @@ class Run:
         self.summary["val_accuracy_after_sft"] = metrics.get("val/accuracy")
         self.tracking.log(metrics or {"val/accuracy": 0.0}, step=0)
 
-    async def _restore(self) -> None:
-        """Policy, reference, optimizers and critic as they were, then this object's state."""
-        state = await checkpointing.restore(self.roles, self.resume_from)
-        await self.roles.sync_rollout(force=True)
+    async def _restore(self, ckpt: str) -> None:
+        """Policy, reference, optimizers and critic as they were, then this object's state;
+        metrics logged for later steps (a crash after the checkpoint) are dropped."""
+        state = await checkpointing.restore(self.roles, ckpt)
+        await self.roles.sync_rollout(force=True)  # a restarted rollout may hold any version
         self.load_state_dict(state)
-        self.summary["resumed_from"] = self.resume_from
+        self.tracking.rewind(self.steps.done)
+        self.warmed_up = True
+
+    async def _recover(self) -> None:
+        """After a restart: every role back to the latest complete checkpoint (none yet: every
+        service with state restarted fresh, and the run from its beginning)."""
+        ckpt = checkpointing.latest(self.run_dir)
+        if ckpt is not None:
+            await self._restore(ckpt)
+        else:
+            for role in self.supervisor.started:
+                if role not in STATELESS:
+                    await self.supervisor.restart(role, RuntimeError("no checkpoint to go back to"), counted=False)
+            self.load_state_dict(self._initial_state)
+            self.tracking.rewind(-1)
+            self.warmed_up = False
+        print(f"tandem: recovered; going on from {ckpt or 'the beginning (no checkpoint yet)'}", flush=True)
+        self.summary["recovered_from"] = [*(self.summary.get("recovered_from") or []), ckpt]
+        self.tracking.log({"trainer/restarts": self.supervisor.restarts}, step=self.steps.done)
+
+    def _restarted(self, role: str, why: str) -> None:
+        self.summary["restarts"] = self.supervisor.restarts
+        if role in STATELESS:  # nothing goes back: the failed call is sent again
+            self.tracking.log({"trainer/restarts": self.supervisor.restarts}, step=self.steps.done)
 
     async def _train(self) -> None:
         """The RL steps after the last one done, with validation and checkpoints on their cadence."""

@@ -233,7 +233,25 @@ def compute_advantages(ctx: StepContext, gen: DataProto, lp: LogProbs) -> tuple[
         values=lp.values["values"] if ctx.use_critic else None, index=torch.arange(len(gen)) // ctx.n,
         reward_baselines=gen.tensors.get("reward_baselines"),
         gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+    check_finite({"seq_reward (the reward service's scores)": gen["seq_reward"],
+                  "old_log_probs (the actor)": lp.old["old_log_probs"],
+                  **({"ref_log_prob (the actor's reference)": lp.ref["ref_log_prob"]} if lp.ref is not None else {}),
+                  **({"values (the critic)": lp.values["values"]} if lp.values is not None else {}),
+                  "token_level_rewards": rewards, "advantages": advantages, "returns": returns}, mask)
     return Advantages(mask, token_scores, rewards, advantages, returns), kl_metrics
+
+
+def check_finite(tensors: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """ValueError naming the first tensor (in the order data flows) with NaN or inf where it
+    counts ([B] per row, or [B, R] on response tokens), and the rows, before any update sees it."""
+    for name, t in tensors.items():
+        bad = ~torch.isfinite(t)
+        if t.dim() == 2:
+            bad = bad & mask.bool()
+        rows = bad.reshape(len(t), -1).any(-1).nonzero().flatten().tolist()
+        if rows:
+            raise ValueError(f"advantages: not computed: '{name}' has NaN or inf in rows {rows[:8]}"
+                             + (f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""))
 
 
 # ---- phase 4: update ------------------------------------------------------------------------

@@ -8,7 +8,9 @@ a few of them for the one-line console summary (``CONSOLE_METRICS``).
 
 - ``jsonl``: one ``{"step": step, **metrics}`` line per call appended to
   ``run_dir/metrics.jsonl``, flushed immediately so a crashed run keeps every
-  logged step (and a resumed run appends to the same file).
+  logged step (and a resumed run appends to the same file). ``rewind(step)``
+  (a run gone back to a checkpoint) drops the lines of later steps, so each
+  step has its lines once; TensorBoard hides their events (``purge_step``).
 - ``tensorboard``: scalars under ``run_dir/tensorboard`` (torch's SummaryWriter,
   imported only when this sink is enabled).
 - ``console``: on a terminal, a rich progress bar (steps done/total, elapsed,
@@ -70,6 +72,14 @@ def _scalar(key: str, value: Any) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"metric {key!r} must be a scalar number, got {type(value).__name__}: {value!r}")
     return value
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a torn one (a crash mid-write)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _hms(seconds: float) -> str:
@@ -168,6 +178,24 @@ class Tracking:
             self._step_seconds[step] = values["timing_s/step"]
         if self._console is not None:
             self._log_console(values, step)
+
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (a checkpoint): forget what was logged for later steps."""
+        if self._jsonl is not None:
+            path = self._jsonl.name
+            self._jsonl.close()
+            with open(path, encoding="utf-8") as f:
+                kept = [line for line in f if _step_of(line) is not None and _step_of(line) <= step]
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
+            self._jsonl = open(path, "a", encoding="utf-8")
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            log_dir = self._tb.log_dir
+            self._tb.close()
+            self._tb = SummaryWriter(log_dir=log_dir, purge_step=step + 1)
 
     def _log_console(self, values: dict[str, int | float], step: int) -> None:
         assert self._console is not None

@@ -16,7 +16,7 @@ from tandem.serving.process import load_tokenizer, run_service
 from tandem.serving.role import Built, Role
 from tandem.serving.rollout_front import RolloutFront
 from tandem.serving.rollout_servicer import SERVICE as ROLLOUT_SERVICE
-from tandem.serving.rollout_servicer import RolloutServicer
+from tandem.serving.rollout_servicer import GenerationLimits, RolloutServicer
 
 
 class ActorRole(Role):
@@ -44,8 +44,9 @@ class ActorRole(Role):
         worker, tokenizer = built.targets["actor"], built.extras["tokenizer"]
         out = {SERVICE: ActorServicer(ActorFront(group, worker), thread)}
         if "rollout" in built.targets:  # one thread for both: a generation never overlaps an update
+            limits = GenerationLimits(worker.shape.max_position_embeddings, cfg.actor_rollout_ref.rollout.max_batch_size)
             out[ROLLOUT_SERVICE] = RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                   thread)
+                                                   thread, limits=limits)
         return out
 
 

@@ -6,9 +6,9 @@ WeightSource that exports on the worker thread and sends from its own threads.
 from __future__ import annotations
 
 from services.actor.front import ActorFront
-from tandem import checkpoint
 from tandem.data import codec, schemas
-from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from tandem.rpc.errors import FailedPrecondition, InvalidArgument
+from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2
 from tandem.weights.source import WeightSource
@@ -31,9 +31,7 @@ class ActorServicer(WeightSourceServicer):
     def _decode(self, request, float_keys=()):
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size, float_keys)
-        temperature = batch.meta.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise InvalidArgument(f"meta 'temperature': must be a number > 0, got {temperature!r}")
+        schemas.check_meta(batch)
         return batch
 
     async def ComputeLogProb(self, request, context):
@@ -64,18 +62,15 @@ class ActorServicer(WeightSourceServicer):
         return actor_pb2.SetReferenceResponse()
 
     async def SaveCheckpoint(self, request, context):
-        if not request.path:
-            raise InvalidArgument("path: must not be empty")
-        path = await self.thread.run(self.worker.save, request.path)
+        path = await self.thread.run(self.worker.save, checkpoint_requests.save_path(request.path))
         return common_pb2.SaveCheckpointResponse(path=path)
 
     async def LoadCheckpoint(self, request, context):
         if request.trunk_only:
             raise InvalidArgument("trunk_only: only the critic loads a trunk")
-        if not checkpoint.is_checkpoint(request.path):
-            raise NotFound(f"path: {request.path!r} is not a complete checkpoint directory")
+        path = checkpoint_requests.load_path(request.path)
         try:
-            version = await self.thread.run(self.worker.load, request.path)
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise FailedPrecondition(f"path: {request.path!r} is not an actor checkpoint of this model: {e}") from None
+            version = await self.thread.run(self.worker.load, path)
+        except checkpoint_requests.LOAD_ERRORS as e:
+            raise FailedPrecondition(f"path: {path!r} is not an actor checkpoint of this model: {e}") from None
         return common_pb2.LoadCheckpointResponse(weights_version=version)

@@ -19,7 +19,7 @@ from tandem.rpc.security import EndpointSecurity
 from tandem.serving.process import load_tokenizer, run_service
 from tandem.serving.role import Built, Role
 from tandem.serving.rollout_front import RolloutFront
-from tandem.serving.rollout_servicer import SERVICE, RolloutServicer
+from tandem.serving.rollout_servicer import SERVICE, GenerationLimits, RolloutServicer
 from tandem.weights.receiver import WeightReceiver
 from tandem.weights.staging import WeightStaging
 
@@ -46,7 +46,7 @@ class RolloutRole(Role):
                                vocab_size=model.vocab_size, max_batch_size=rollout.max_batch_size, weights_version=-1)
         staging = WeightStaging(model, shape, worker)
         # leave: the run's weight group with the actor (collective transport) goes with the run
-        return Built({"rollout": worker, "weights": staging}, {"pad_id": tokenizer.pad_token_id},
+        return Built({"rollout": worker, "weights": staging}, {"pad_id": tokenizer.pad_token_id, "max_positions": shape.max_position_embeddings},
                      closers=[staging.leave])
 
     def servicers(self, cfg, built, group, thread):
@@ -56,7 +56,8 @@ class RolloutRole(Role):
         actor_security = EndpointSecurity.from_section(cfg.services.actor, "services.actor")
         receiver = WeightReceiver(group, staging, thread, cfg.actor_rollout_ref.rollout.weight_sync, self.host,
                                   actor_security)
-        return {SERVICE: RolloutServicer(front, thread, receiver)}
+        limits = GenerationLimits(built.extras["max_positions"], cfg.actor_rollout_ref.rollout.max_batch_size)
+        return {SERVICE: RolloutServicer(front, thread, receiver, limits)}
 
 
 def main(argv=None) -> None:

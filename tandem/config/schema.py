@@ -248,7 +248,10 @@ class TrainerConfig:
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
-    save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
+    # checkpoint every N RL steps (0 = only at the end); with max_restarts > 0 also after the warm
+    # start (global_step_0). A crash loses at most N steps of work; each save costs one checkpoint write.
+    save_freq: int = 10
+    max_restarts: int = 3  # services restarted after a crash (then the run stops); 0 = no recovery
     resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
     # a run of the controller service (`tandem submit`) that was running when its controller died:

@@ -197,5 +197,8 @@ def decode_batch(pb: data_pb2.Batch) -> DataProto:
                     raise InvalidArgument(f"column '{name}': row {i} is not valid JSON: {e}") from None
         rows_agree(f"column '{name}'", len(values))
         columns[name] = values
-    meta = json_format.MessageToDict(pb.meta) if pb.HasField("meta") else {}
+    try:
+        meta = json_format.MessageToDict(pb.meta) if pb.HasField("meta") else {}
+    except ValueError as e:  # e.g. a NaN number, which JSON cannot hold
+        raise InvalidArgument(f"meta: {e}") from None
     return DataProto(tensors=tensors, columns=columns, meta=meta)

@@ -66,6 +66,8 @@ class RolloutWorker:
             if tuple(t.shape) != tuple(current[name].shape):
                 raise ValueError(f"weights: tensor {name!r} has shape {list(t.shape)}, "
                                  f"expected {list(current[name].shape)}")
+            if t.dtype != current[name].dtype:
+                raise ValueError(f"weights: tensor {name!r} is {t.dtype}, the model's is {current[name].dtype}")
         self.model.load_state_dict(weights, strict=False)
         self.weights_version = version
         return version

@@ -20,6 +20,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -87,6 +89,7 @@ class RunHost:
         self.rank_host = RankHost(role, rank=0)
         self.group = None
         self.children: list[subprocess.Popen] = []
+        self.stopping = threading.Event()  # set before this process stops its children on purpose
         self.store = None  # the TCPStore rank 0 opened for its children (kept open while they live)
         self.external = False  # the ranks were started by someone else: their layout cannot change
         self.layout: tuple[int, ParallelConfig] | None = None
@@ -157,6 +160,9 @@ class RunHost:
                                                     timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
             self.children = [_start_rank(self.role.name, rank, world, parallel, self.store.port)
                              for rank in range(1, world)]
+            self.stopping = threading.Event()
+            threading.Thread(target=_exit_when_a_rank_dies, args=(self.children, self.stopping), daemon=True,
+                             name="rank-watch").start()
         self.attach_group(world, parallel, self.store)
         self.external = False
         _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
@@ -176,6 +182,7 @@ class RunHost:
             return
         from megatron.core import parallel_state as ps
 
+        self.stopping.set()  # the children exit on purpose now
         self.group.stop()
         for child in self.children:
             try:
@@ -219,6 +226,18 @@ def live_tensor_bytes() -> int:
             seen.add(ptr)
             total += storage.nbytes()
     return total
+
+
+def _exit_when_a_rank_dies(children: list[subprocess.Popen], stopping: threading.Event) -> None:
+    """Rank 0: exit at once when a child rank exits unasked (killed, OOM, crashed), instead of
+    hanging in the next collective; the other ranks follow through PR_SET_PDEATHSIG."""
+    from tandem.serving.rank_group import exit_rank_lost
+
+    while not stopping.is_set():
+        for rank, proc in enumerate(children, start=1):
+            if proc.poll() is not None and not stopping.is_set():
+                exit_rank_lost(rank=rank, pid=proc.pid, returncode=proc.returncode)
+        time.sleep(0.1)
 
 
 def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:

@@ -21,6 +21,9 @@ several hosts, or the Ray launcher) each get `--rank i --config RUN.yaml` and
 MASTER_ADDR/MASTER_PORT (or `--master-addr/--master-port`): rank 0 opens the TCPStore there
 and the others connect to it; their layout is the config's and cannot change (a run that
 needs another is refused). Either way the ranks meet over TCP, never through a shared file.
+A service that loses a rank cannot finish a collective, so it exits (rank_group.RANK_LOST_EXIT;
+rank 0 also watches the ranks it started: lifecycle.py) and its launcher restarts it whole
+(controller/recovery.py).
 """
 from __future__ import annotations
 

@@ -10,6 +10,13 @@ from tandem.weights.source import WeightSource
 MAX_CHUNK_BYTES = 256 << 20  # a chunk message stays well under the 512 MiB gRPC message limit
 
 
+def _version(request) -> int:
+    """The request's weights_version, which a source only ever numbers from 0."""
+    if request.weights_version < 0:
+        raise InvalidArgument(f"weights_version: {request.weights_version} must be >= 0")
+    return request.weights_version
+
+
 class WeightSourceServicer:
     weights: WeightSource
 
@@ -21,17 +28,17 @@ class WeightSourceServicer:
     async def StreamWeights(self, request, context):
         if not 0 < request.chunk_bytes <= MAX_CHUNK_BYTES:
             raise InvalidArgument(f"chunk_bytes: {request.chunk_bytes} must be in 1..{MAX_CHUNK_BYTES}")
-        async for message in self.weights.stream(request.weights_version, request.chunk_bytes, request.start,
+        async for message in self.weights.stream(_version(request), request.chunk_bytes, request.start,
                                                  request.end):
             yield message
 
     async def ShareWeights(self, request, context):
-        manifest, uuid, fields = await self.weights.share(request.weights_version)
+        manifest, uuid, fields = await self.weights.share(_version(request))
         return weights_pb2.ShareWeightsResponse(manifest=wire.manifest_to_pb(manifest), device_uuid=uuid,
                                                 flat=wire.ipc_to_pb(fields))
 
     async def ReleaseWeights(self, request, context):
-        await self.weights.release(request.weights_version)
+        await self.weights.release(_version(request))
         return weights_pb2.ReleaseWeightsResponse()
 
     async def JoinWeightGroup(self, request, context):
@@ -50,7 +57,7 @@ class WeightSourceServicer:
     async def BroadcastWeights(self, request, context):
         if request.bucket_bytes <= 0:
             raise InvalidArgument(f"bucket_bytes: {request.bucket_bytes} must be > 0")
-        async for kind, value in self.weights.broadcast(request.group_id, request.weights_version,
+        async for kind, value in self.weights.broadcast(request.group_id, _version(request),
                                                         request.bucket_bytes):
             if kind == "ready":
                 yield weights_pb2.BroadcastWeightsResponse(ready=wire.manifest_to_pb(value))
