@@ -28,7 +28,7 @@ from controller.launchers import DEFAULT_LAUNCHER, LaunchContext, Launcher, endp
 from controller.plot import plot_run
 from controller.roles import Roles, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
-from controller.sft import run_sft
+from controller.sft import run_sft, split_dev
 from controller.step import StepContext, ppo_step
 from controller.tracking import Tracking
 from controller.validation import greedy_accuracy, run_validation
@@ -87,7 +87,8 @@ class Run:
         self.run_id = os.path.basename(run_dir)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
         d, k = cfg.data, cfg.algorithm.kl_ctrl
-        self.train = load_examples(d.train_files, self.tokenizer, d.max_prompt_length)
+        self.train, self.dev = split_dev(load_examples(d.train_files, self.tokenizer, d.max_prompt_length),
+                                         cfg.trainer.sft, d.seed)  # dev: SFT's stop (controller/sft.py)
         self.val = load_examples(d.val_files, self.tokenizer, d.max_prompt_length) if d.val_files else []
         # Stateful parts (controller_state.json)
         self.cursor = Cursor(len(self.train), seed=d.seed, shuffle=d.shuffle)
@@ -161,10 +162,11 @@ class Run:
         if t.sft.total_steps > 0:
             t0 = time.time()
             with self.tracking.phase("sft", t.sft.total_steps) as bar:
-                sft_metrics = await run_sft(roles.actor, self.train, self.tokenizer, t.sft.total_steps,
-                                            t.sft.batch_size, t.sft.data_seed, bar)
+                sft = await run_sft(roles.actor, self.train, self.tokenizer, t.sft, bar,
+                                    self._dev_accuracy if self.dev else None)
             self.summary["sft_time_s"] = time.time() - t0
-            self.summary["sft_final"] = sft_metrics
+            self.summary["sft_final"] = sft["metrics"]
+            self.summary["sft_steps"], self.summary["sft_dev_accuracy"] = sft["steps"], sft["dev_accuracy"]
             await roles.sync_rollout()
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
@@ -221,6 +223,12 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
+                                     self.cfg.data.max_response_length)
+
+    async def _dev_accuracy(self) -> float:
+        """Greedy accuracy of the current policy on the dev split (SFT's stop)."""
+        await self.roles.sync_rollout()
+        return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.dev, self.tokenizer,
                                      self.cfg.data.max_response_length)
 
     async def _validate(self, step: int) -> dict[str, float]:

@@ -3,15 +3,31 @@
 The target is each row's `extra_info.answer` when it has one (verl's gsm8k rows: the
 solution ending in `#### N`), else `reward_model.ground_truth` (the built-in task's
 answer format), followed by EOS. Rows are right-padded; loss_mask marks the answer tokens.
+
+With `trainer.sft.stop_at_accuracy` the warm start ends on a measured skill rather than a step
+count: every `eval_freq` steps the policy's greedy accuracy on a dev split (`dev_size` prompts
+held out of the training data by `split_dev`, never trained on, and not the validation set
+that the run reports) is measured, and the first one at or above the threshold stops it. A
+model learning this task's carries does so in a sharp transition whose step depends on the
+seed and on the last bits of CPU arithmetic; a fixed step count lands before, inside or after
+it, and RL's gain with it (bench/RESULTS.md, "built-in task").
+
 Deliberately not here: the loss and optimizer (the actor service's TrainSft), when SFT runs
-(the warm start in controller/run.py).
+(the warm start in controller/run.py), how accuracy is measured (controller/validation.py).
 """
 from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
 
 import torch
 
 from controller.data import Cursor, Example
+from tandem.config import ConfigError, SftConfig
 from tandem.data.batch import DataProto
+from tandem.logging import get_logger
+
+_log = get_logger("controller.sft")
 
 
 def sft_batch(examples: list[Example], tokenizer) -> DataProto:
@@ -32,13 +48,43 @@ def sft_batch(examples: list[Example], tokenizer) -> DataProto:
     return DataProto(tensors={"input_ids": ids, "attention_mask": attn, "loss_mask": loss})
 
 
-async def run_sft(actor, examples: list[Example], tokenizer, steps: int, batch_size: int,
-                  seed: int, progress=None) -> dict[str, float]:
-    cursor = Cursor(len(examples), seed=seed)
+def split_dev(examples: list[Example], sft: SftConfig, seed: int) -> tuple[list[Example], list[Example]]:
+    """(training examples, dev examples): with stop_at_accuracy, `dev_size` examples drawn
+    with `seed` are held out (the rest keep their order); without it, no dev split."""
+    if sft.stop_at_accuracy is None:
+        return examples, []
+    if sft.dev_size >= len(examples):
+        raise ConfigError(f"trainer.sft.dev_size: {sft.dev_size} dev prompts would leave none of the "
+                          f"{len(examples)} training prompts to train on; lower it, or set "
+                          "trainer.sft.stop_at_accuracy=null")
+    held = set(random.Random(seed).sample(range(len(examples)), sft.dev_size))
+    return ([e for i, e in enumerate(examples) if i not in held],
+            [e for i, e in enumerate(examples) if i in held])
+
+
+async def run_sft(actor, examples: list[Example], tokenizer, sft: SftConfig, progress=None,
+                  dev_accuracy: Callable[[], Awaitable[float]] | None = None) -> dict:
+    """SFT steps until `sft.total_steps`, or until `dev_accuracy()` (called every eval_freq steps
+    when stop_at_accuracy is set) reaches stop_at_accuracy -> {"metrics": the last step's,
+    "steps": steps run, "dev_accuracy": [[step, accuracy], ...]}."""
+    cursor = Cursor(len(examples), seed=sft.data_seed)
+    stop = sft.stop_at_accuracy if dev_accuracy is not None else None
     metrics: dict[str, float] = {}
-    for _ in range(steps):
-        batch = sft_batch([examples[i] for i in cursor.next(batch_size)], tokenizer)
+    curve: list[list[float]] = []
+    step = 0
+    while step < sft.total_steps:
+        batch = sft_batch([examples[i] for i in cursor.next(sft.batch_size)], tokenizer)
         metrics = await actor.train_sft(batch)
+        step += 1
         if progress is not None:
             progress.advance()
-    return metrics
+        if stop is not None and (step % sft.eval_freq == 0 or step == sft.total_steps):
+            curve.append([step, await dev_accuracy()])
+            if curve[-1][1] >= stop:
+                break
+    if stop is not None:
+        reached = bool(curve) and curve[-1][1] >= stop
+        (_log.info if reached else _log.warning)(
+            "sft.done" if reached else "sft.threshold_not_reached", steps=step,
+            dev_accuracy=curve[-1][1] if curve else None, stop_at_accuracy=stop)
+    return {"metrics": metrics, "steps": step, "dev_accuracy": curve}

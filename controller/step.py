@@ -4,6 +4,9 @@
    greedy baseline per prompt; DAPO: generation rounds until enough prompt groups with
    varied rewards are kept, controller/dapo.py);
 2. log-probs and values: old and reference log-probs and the critic's values, concurrently;
+   when the update trains every row on the current weights (one mini-batch, one epoch, no KL
+   in the reward: the default), the old log-probs are the update's own forward pass's
+   (bit-identical, one forward pass less per step; TRL does the same) and come back in phase 4;
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
 
@@ -56,12 +59,19 @@ class StepContext:
     def need_ref(self) -> bool:
         return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
+    def on_policy_update(self, rows: int) -> bool:
+        """Whether the update's own forward pass gives the old log-probs (no separate pass): every
+        row is trained on the current weights (one mini-batch, one epoch; as the default) and
+        nothing needs them before the update (KL in the reward does)."""
+        a = self.cfg.actor_rollout_ref.actor
+        return a.ppo_epochs == 1 and rows <= a.ppo_mini_batch_size * self.n and not self.cfg.algorithm.use_kl_in_reward
+
 
 @dataclass
 class LogProbs:
     """Phase 2's outputs, one row per generated row."""
 
-    old: DataProto  # old_log_probs [B, R]
+    old: DataProto | None  # old_log_probs [B, R]; on-policy updates fill it in (phase 4)
     ref: DataProto | None  # ref_log_prob [B, R], when KL is in the loss or the reward
     values: DataProto | None  # values [B, R], with a critic
 
@@ -98,15 +108,16 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
         metrics.update(sampling_metrics)
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
+    on_policy = ctx.on_policy_update(len(seq))
     with timed(metrics, "reward_logprob_values"):
-        lp = await log_probs_and_values(ctx, seq)
+        lp = await log_probs_and_values(ctx, seq, old=not on_policy)
     with timed(metrics, "adv"):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
-    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     with timed(metrics, "update_actor_critic"):
-        update_metrics = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
+        update_metrics = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp)
+    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     metrics.update(update_metrics)
     if ctx.roles.standalone_rollout:  # colocated, the rollout generates on the actor's own weights
         with timed(metrics, "sync_weights"):
@@ -161,10 +172,12 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 
 # ---- phase 2: log-probs and values ----------------------------------------------------------
 
-async def log_probs_and_values(ctx: StepContext, seq: DataProto) -> LogProbs:
+async def log_probs_and_values(ctx: StepContext, seq: DataProto, old: bool = True) -> LogProbs:
+    """Old log-probs (unless the update computes them: `old=False`), reference log-probs and
+    values, concurrently."""
     actor, critic = ctx.roles.actor, ctx.roles.critic
     old, ref, values = await asyncio.gather(
-        actor.compute_log_prob(seq),
+        _maybe(actor.compute_log_prob(seq) if old else None),
         _maybe(actor.compute_ref_log_prob(seq) if ctx.need_ref else None),
         _maybe(critic.compute_values(seq) if ctx.use_critic else None))
     return LogProbs(old, ref, values)
@@ -198,7 +211,8 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
                    adv: Advantages) -> tuple[DataProto, DataProto | None]:
     """-> (the actor's update batch, the critic's or None without a critic)."""
     actor = ctx.cfg.actor_rollout_ref.actor
-    train = seq.union(lp.old.select(tensor_keys=["old_log_probs"]))
+    old = lp.old.select(tensor_keys=["old_log_probs"]) if lp.old is not None else DataProto()  # None: on-policy
+    train = seq.union(old)
     train.tensors["advantages"] = adv.advantages.float()
     if actor.use_kl_loss:
         train.tensors["ref_log_prob"] = lp.ref["ref_log_prob"]
@@ -212,12 +226,19 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
     return train, critic
 
 
-async def update_actor_critic(roles: Roles, actor_batch: DataProto,
-                              critic_batch: DataProto | None) -> dict[str, float]:
-    (actor_metrics, _version), critic_metrics = await asyncio.gather(
-        roles.actor.update_actor(actor_batch),
-        _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
-    return {**actor_metrics, **(critic_metrics or {})}
+async def update_actor_critic(roles: Roles, actor_batch: DataProto, critic_batch: DataProto | None,
+                              lp: LogProbs) -> dict[str, float]:
+    """Both updates, concurrently; an on-policy actor update (lp.old is None) fills in lp.old
+    with the old log-probs its forward pass computed."""
+    if lp.old is None:
+        actor_call = roles.actor.update_actor_on_policy(actor_batch)
+    else:
+        actor_call = roles.actor.update_actor(actor_batch)
+    actor_out, critic_metrics = await asyncio.gather(
+        actor_call, _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
+    if lp.old is None:
+        lp.old = actor_out[2]
+    return {**actor_out[0], **(critic_metrics or {})}
 
 
 # ---- metrics --------------------------------------------------------------------------------

@@ -183,11 +183,17 @@ class DataConfig:
 
 @dataclass
 class SftConfig:
-    total_steps: int = 1200  # 0 = no SFT warm start
+    total_steps: int = 1200  # 0 = no SFT warm start; with stop_at_accuracy: the most steps
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
     data_seed: int = 7
+    # Stop the warm start at the first greedy accuracy >= this on a dev split held out of the
+    # training data (dev_size prompts, never trained on; not the reported validation set),
+    # measured every eval_freq steps. None: run total_steps, no dev split.
+    stop_at_accuracy: Optional[float] = 0.5
+    eval_freq: int = 25
+    dev_size: int = 256
 
 
 @dataclass

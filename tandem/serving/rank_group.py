@@ -66,6 +66,8 @@ class RankGroup:
         return [result for result, _ in self._call(target, method, per_rank_args, True)]
 
     def _call(self, target: str, method: str, per_rank_args: list, every: bool) -> list:
+        if self.world == 1:  # a group of one: nothing to send (pickling a batch through gloo costs ms)
+            return [self._execute(target, method, per_rank_args[0], every)]
         dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)
         mine: list = [None]
         dist.scatter_object_list(mine, per_rank_args, src=0, group=self.group)

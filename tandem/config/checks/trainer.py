@@ -31,6 +31,18 @@ def check_trainer(cfg: TandemConfig) -> None:
     check(t.total_training_steps >= 0, "trainer.total_training_steps", "must be >= 0")
 
 
+def check_sft(cfg: TandemConfig) -> None:
+    """trainer.sft.*: step count, and the dev-accuracy stop (a fraction, evaluated at least every step)."""
+    s = cfg.trainer.sft
+    check(s.total_steps >= 0, "trainer.sft.total_steps", "must be >= 0")
+    check(s.batch_size >= 1, "trainer.sft.batch_size", "must be >= 1")
+    if s.stop_at_accuracy is not None:
+        check(0 < s.stop_at_accuracy <= 1, "trainer.sft.stop_at_accuracy",
+              f"{s.stop_at_accuracy} must be in (0, 1] (a greedy accuracy), or null to run total_steps")
+        check(s.eval_freq >= 1, "trainer.sft.eval_freq", "must be >= 1 (SFT steps between dev evaluations)")
+        check(s.dev_size >= 1, "trainer.sft.dev_size", "must be >= 1 (prompts held out as the dev split)")
+
+
 def check_loggers(cfg: TandemConfig) -> None:
     """trainer.logger names known sinks only."""
     t = cfg.trainer
