@@ -53,11 +53,11 @@ def step_context(cfg, roles, tokenizer) -> StepContext:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU seconds used so far by these processes (and their children ranks):
-    unlike wall time, it does not grow when other jobs take the cores."""
+    """User + system CPU seconds used so far by this process and the services `pids` (with their
+    children ranks): unlike wall time, it does not grow when other jobs take the cores."""
     import psutil
 
-    total = 0.0
+    total = sum(psutil.Process().cpu_times()[:2])  # this process alone (its children are services)
     for pid in pids:
         try:
             procs = [psutil.Process(pid)]
@@ -74,7 +74,8 @@ def cpu_seconds(pids: list[int]) -> float:
 
 
 async def timed_step(ctx: StepContext, prompts: DataProto, step: int, pids: list[int]) -> tuple[float, dict]:
-    """-> (wall seconds, the step's metrics + "bench/cpu_s": CPU seconds of `pids` during it)."""
+    """-> (wall seconds, the step's metrics + "bench/cpu_s": CPU seconds of this process and the
+    services `pids` during it)."""
     c0, t0 = cpu_seconds(pids), time.perf_counter()
     metrics = await ppo_step(ctx, prompts, step)
     dt = time.perf_counter() - t0
@@ -121,8 +122,7 @@ class GrpcMode:
     async def step(self, i: int) -> tuple[float, dict]:
         self.current = i
         self.roles.set_step(i)
-        pids = [os.getpid(), *(p.pid for p in self.launcher.processes.values())]
-        return await timed_step(self.ctx, self.prompts[i], i, pids)
+        return await timed_step(self.ctx, self.prompts[i], i, [p.pid for p in self.launcher.processes.values()])
 
     async def close(self) -> None:
         if self.started is not None:
@@ -205,7 +205,7 @@ class InprocMode:
         self.ctx, self.prompts = step_context(cfg, roles, tokenizer), prompts
 
     async def step(self, i: int) -> tuple[float, dict]:
-        return await timed_step(self.ctx, self.prompts[i], i, [os.getpid()])
+        return await timed_step(self.ctx, self.prompts[i], i, [])
 
     async def close(self) -> None:
         pass
@@ -287,10 +287,10 @@ class PureMode:
 
     async def step(self, i: int) -> tuple[float, dict]:
         batch = self.batches[i]
-        c0, t0 = cpu_seconds([os.getpid()]), time.perf_counter()
+        c0, t0 = cpu_seconds([]), time.perf_counter()
         loss = self.update.step(batch)
         dt = time.perf_counter() - t0
-        return dt, {"timing_s/update_actor_critic": dt, "bench/cpu_s": cpu_seconds([os.getpid()]) - c0, "pure/loss": loss,
+        return dt, {"timing_s/update_actor_critic": dt, "bench/cpu_s": cpu_seconds([]) - c0, "pure/loss": loss,
                     "pure/real_tokens": float(batch["attention_mask"].sum()),
                     "pure/padded_tokens": float(batch["attention_mask"].numel())}
 

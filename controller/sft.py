@@ -49,9 +49,9 @@ def sft_batch(examples: list[Example], tokenizer) -> DataProto:
 
 
 def split_dev(examples: list[Example], sft: SftConfig, seed: int) -> tuple[list[Example], list[Example]]:
-    """(training examples, dev examples): with stop_at_accuracy, `dev_size` examples drawn
-    with `seed` are held out (the rest keep their order); without it, no dev split."""
-    if sft.stop_at_accuracy is None:
+    """(training examples, dev examples): when SFT runs with stop_at_accuracy, `dev_size`
+    examples drawn with `seed` are held out (the rest keep their order); else no dev split."""
+    if sft.stop_at_accuracy is None or sft.total_steps == 0:
         return examples, []
     if sft.dev_size >= len(examples):
         raise ConfigError(f"trainer.sft.dev_size: {sft.dev_size} dev prompts would leave none of the "

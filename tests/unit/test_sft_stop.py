@@ -29,10 +29,11 @@ def test_dev_split_is_held_out_deterministically_and_keeps_the_training_order():
     assert split_dev(data, sft, seed=4)[1] != dev  # the seed picks the rows
 
 
-def test_no_dev_split_without_the_stop():
+def test_no_dev_split_without_the_stop_or_without_sft():
     data = examples(20)
-    train, dev = split_dev(data, SftConfig(stop_at_accuracy=None, dev_size=8), seed=1)
-    assert train is data and dev == []
+    for sft in (SftConfig(stop_at_accuracy=None, dev_size=8), SftConfig(total_steps=0, dev_size=30)):
+        train, dev = split_dev(data, sft, seed=1)
+        assert train is data and dev == []
 
 
 def test_a_dev_split_that_leaves_no_training_data_is_a_config_error():
