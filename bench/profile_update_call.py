@@ -64,7 +64,7 @@ def build(threads: int):
     cfg, _ = create_run_dir(load_config(None, [f"trainer.default_local_dir={tmp}", "trainer.sft.total_steps=0",
                                                f"actor_rollout_ref.model.path={path}", *SMALL_OVERRIDES]))
     torch.set_num_threads(threads)
-    init_distributed(ParallelConfig(), rank=0, world_size=1, init_method=f"file://{tmp}/rdzv", seed=1)
+    init_distributed(ParallelConfig(), rank=0, world_size=1, seed=1)
     from services.actor.front import ActorFront
 
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)

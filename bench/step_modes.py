@@ -23,7 +23,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 
 TREE = os.environ.get("TANDEM_BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -305,8 +304,7 @@ def ensure_megatron(cfg) -> None:
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     if not dist.is_initialized():
-        rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-bench-"), "rdzv")
-        init_distributed(ParallelConfig(), rank=0, world_size=1, init_method=f"file://{rdzv}",
+        init_distributed(ParallelConfig(), rank=0, world_size=1,
                          seed=cfg.actor_rollout_ref.actor.megatron.seed)  # same seed: same initial weights
 
 

@@ -25,10 +25,17 @@ def _known_keys(node, prefix="") -> list[str]:
     return keys
 
 
+FREE_FORM = ("override_transformer_config", "reward_kwargs")  # dict-valued sections: any key inside
+
+
 def _under_free_form(key: str, known: list[str]) -> bool:
-    """A key inside a dict-valued section (override_transformer_config: checked by validate())."""
-    head, _, rest = key.rpartition(".override_transformer_config.")
-    return bool(rest) and f"{head}.override_transformer_config" in known
+    """A key inside a dict-valued section (override_transformer_config: checked by validate();
+    custom_reward_function.reward_kwargs: the user's function's keyword arguments)."""
+    for name in FREE_FORM:
+        head, _, rest = key.rpartition(f".{name}.")
+        if rest and f"{head}.{name}" in known:
+            return True
+    return False
 
 
 def _unknown_key(key: str, known: list[str]) -> ConfigError:
