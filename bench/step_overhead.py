@@ -229,7 +229,7 @@ def _findings(res: dict, steps: int) -> list[str]:
                 f"{(upd - pure) * 1e3:+.0f} ms); whole gRPC step / pure update {statistics.median(tg) / pure:.2f}x",
                 "- pure compute: the actor's model (megatron-core GPTModel, same checkpoint, rows packed as the actor "
                 "packs them, its PPO loss) in a plain torch loop: forward, backward, clip_grad_norm_, torch AdamW "
-                "(bench/small_step.py ModulesUpdate)",
+                "(bench/small_step.py ModulesUpdate), called on a thread of its own as the services call the model",
                 f"- the same update in transformers (LlamaForCausalLM, padded as a single-process trainer runs it): "
                 f"{hf * 1e3:.0f} ms = {upd / hf:.2f}x of it for the UpdateActor call; "
                 f"{statistics.mean(x['pure/padded_tokens'] for x in pm):.0f} padded tokens per update, "

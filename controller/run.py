@@ -231,7 +231,7 @@ class Run:
         """Greedy accuracy of the current policy on the dev split (SFT's stop)."""
         await self.roles.sync_rollout()
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.dev, self.tokenizer,
-                                     self.cfg.data.max_response_length)
+                                     self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
         return await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step)
