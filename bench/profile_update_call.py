@@ -23,6 +23,7 @@ import argparse
 import cProfile
 import os
 import pstats
+import socket
 import sys
 import tempfile
 import time
@@ -52,6 +53,20 @@ FRAMES = {
 }
 
 
+def small_overrides() -> list[str]:
+    """SMALL_OVERRIDES, less data.builtin_fixed_width for older trees (their task is unpadded anyway)."""
+    from tandem.config.schema import DataConfig
+
+    known = "builtin_fixed_width" in DataConfig.__dataclass_fields__
+    return [o for o in SMALL_OVERRIDES if known or o != "data.builtin_fixed_width=false"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def build(threads: int):
     from transformers import AutoTokenizer
 
@@ -62,9 +77,10 @@ def build(threads: int):
     tmp = tempfile.mkdtemp(prefix="tandem-profile-")
     path, _ = build_small_llama(tmp)
     cfg, _ = create_run_dir(load_config(None, [f"trainer.default_local_dir={tmp}", "trainer.sft.total_steps=0",
-                                               f"actor_rollout_ref.model.path={path}", *SMALL_OVERRIDES]))
+                                               f"actor_rollout_ref.model.path={path}", *small_overrides()]))
     torch.set_num_threads(threads)
-    init_distributed(ParallelConfig(), rank=0, world_size=1, seed=1)
+    init_distributed(ParallelConfig(), rank=0, world_size=1, seed=1,
+                     init_method=f"tcp://127.0.0.1:{_free_port()}")  # also for older trees, which need one
     from services.actor.front import ActorFront
 
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)

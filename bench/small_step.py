@@ -1,6 +1,6 @@
 """The small configuration of issue 22 for bench/step_overhead.py, and its pure compute.
 
-    SMALL_OVERRIDES    16 prompts x 8 samples of the built-in task, 6 new tokens, lr 1e-5 (no
+    SMALL_OVERRIDES    16 prompts x 8 samples of the built-in task (unpadded), 6 new tokens, lr 1e-5 (no
                        warmup), no KL, token-mean, from `build_small_llama`'s checkpoint
     build_small_llama  a 2.9M-parameter Llama (4 layers x 256, 8 heads / 4 KV heads, SwiGLU 688)
                        with the built-in character tokenizer's vocabulary, random weights, saved
@@ -27,7 +27,9 @@ import torch
 
 SHAPE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
              intermediate_size=688, max_position_embeddings=32, rms_norm_eps=1e-5)
-SMALL_OVERRIDES = ["data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+# the issue's task as it was written: unpadded `12+345=` (the default is now fixed width)
+SMALL_OVERRIDES = ["data.builtin_fixed_width=false",
+                   "data.train_batch_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=16",
                    "actor_rollout_ref.rollout.n=8", "data.max_response_length=6",
                    "actor_rollout_ref.actor.optim.lr=1e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
                    "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",

@@ -105,6 +105,14 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # ---- the measurement ------------------------------------------------------------------------
 
+def known_to(tree: str, overrides: list[str]) -> list[str]:
+    """The overrides without keys that `tree` (older code) does not have, where leaving them out
+    is its behaviour anyway: data.builtin_fixed_width=false is the unpadded task older trees write."""
+    with open(os.path.join(tree, "tandem", "config", "schema.py")) as f:
+        old = "builtin_fixed_width" not in f.read()
+    return [o for o in overrides if not (old and o == "data.builtin_fixed_width=false")]
+
+
 async def measure(cfg, run_dir, a, overrides: list[str], hf_path: str | None) -> dict:
     from transformers import AutoTokenizer
 
@@ -115,7 +123,8 @@ async def measure(cfg, run_dir, a, overrides: list[str], hf_path: str | None) ->
     modes["grpc"].start()
     await asyncio.sleep(0)  # start() spawns the services before its first wait
     if a.baseline_tree:
-        modes["baseline"] = BaselineMode(a.baseline_tree, [*overrides, "trainer.experiment_name=baseline"], count)
+        modes["baseline"] = BaselineMode(a.baseline_tree, [*known_to(a.baseline_tree, overrides),
+                                                           "trainer.experiment_name=baseline"], count)
     recorder = CodecRecorder()
     try:
         t0 = time.perf_counter()

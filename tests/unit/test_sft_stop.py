@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from controller.data import Example
-from controller.sft import run_sft, split_dev
+from controller.sft import BUILTIN_STOP_AT_ACCURACY, resolve_stop, run_sft, split_dev
 from tandem.config import ConfigError, SftConfig, load_config
 
 
@@ -89,8 +89,10 @@ def test_without_the_stop_no_evaluation_and_the_fixed_step_count(arithmetic_toke
 
 
 @pytest.mark.parametrize("override,text", [
-    ("trainer.sft.stop_at_accuracy=0", "must be in (0, 1]"),
-    ("trainer.sft.stop_at_accuracy=1.5", "must be in (0, 1]"),
+    ("trainer.sft.stop_at_accuracy=0", "must be a greedy accuracy in (0, 1]"),
+    ("trainer.sft.stop_at_accuracy=1.5", "must be a greedy accuracy in (0, 1]"),
+    ("trainer.sft.stop_at_accuracy=often", "must be a greedy accuracy in (0, 1]"),
+    ("trainer.sft.stop_at_accuracy=true", "must be a greedy accuracy in (0, 1]"),
     ("trainer.sft.eval_freq=0", "must be >= 1"),
     ("trainer.sft.dev_size=0", "must be >= 1"),
     ("trainer.sft.total_steps=-1", "must be >= 0"),
@@ -105,3 +107,20 @@ def test_bad_values_name_the_key(override, text):
 def test_with_the_stop_off_its_other_keys_are_not_checked():
     cfg = load_config(None, ["trainer.sft.stop_at_accuracy=null", "trainer.sft.eval_freq=0"])
     assert cfg.trainer.sft.stop_at_accuracy is None
+
+
+def test_auto_is_the_builtin_threshold_on_the_builtin_task_and_off_on_your_data(tmp_path):
+    from controller.run_dir import create_run_dir
+
+    assert load_config(None, []).trainer.sft.stop_at_accuracy == "auto"  # the default
+    assert resolve_stop(SftConfig(), builtin_task=True).stop_at_accuracy == BUILTIN_STOP_AT_ACCURACY
+    assert resolve_stop(SftConfig(), builtin_task=False).stop_at_accuracy is None
+    assert resolve_stop(SftConfig(stop_at_accuracy=0.7), builtin_task=False).stop_at_accuracy == 0.7
+    assert resolve_stop(SftConfig(stop_at_accuracy=None), builtin_task=True).stop_at_accuracy is None
+    # the run directory's config.yaml holds the resolved value (a resumed run reads it back)
+    cfg, run_dir = create_run_dir(load_config(None, [f"trainer.default_local_dir={tmp_path}",
+                                                     "data.builtin_train_size=20", "data.builtin_val_size=4"]))
+    assert cfg.trainer.sft.stop_at_accuracy == BUILTIN_STOP_AT_ACCURACY
+    assert load_config(str(tmp_path / run_dir / "config.yaml")).trainer.sft.stop_at_accuracy == BUILTIN_STOP_AT_ACCURACY
+    with pytest.raises(ValueError):  # unresolved: a programming error, not a silent default
+        split_dev(examples(10), SftConfig(), seed=1)

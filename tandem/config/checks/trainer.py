@@ -36,9 +36,11 @@ def check_sft(cfg: TandemConfig) -> None:
     s = cfg.trainer.sft
     check(s.total_steps >= 0, "trainer.sft.total_steps", "must be >= 0")
     check(s.batch_size >= 1, "trainer.sft.batch_size", "must be >= 1")
-    if s.stop_at_accuracy is not None:
-        check(0 < s.stop_at_accuracy <= 1, "trainer.sft.stop_at_accuracy",
-              f"{s.stop_at_accuracy} must be in (0, 1] (a greedy accuracy), or null to run total_steps")
+    stop = s.stop_at_accuracy
+    if stop is not None:
+        check(stop == "auto" or (isinstance(stop, (int, float)) and not isinstance(stop, bool) and 0 < stop <= 1),
+              "trainer.sft.stop_at_accuracy", f"{stop!r} must be a greedy accuracy in (0, 1], null to run "
+              "total_steps, or auto (the built-in task's threshold; null on your data)")
         check(s.eval_freq >= 1, "trainer.sft.eval_freq", "must be >= 1 (SFT steps between dev evaluations)")
         check(s.dev_size >= 1, "trainer.sft.dev_size", "must be >= 1 (prompts held out as the dev split)")
 
