@@ -19,6 +19,7 @@ from tandem.v1 import (
     reward_pb2_grpc,
     rollout_pb2,
     rollout_pb2_grpc,
+    weights_pb2,
 )
 
 
@@ -52,9 +53,10 @@ class ActorClient(ServiceClient):
     async def set_reference(self) -> None:
         await self.call("SetReference", actor_pb2.SetReferenceRequest())
 
-    async def export_weights(self) -> tuple[dict, int]:
-        r = await self.call("ExportWeights", actor_pb2.ExportWeightsRequest())
-        return codec.decode_named(r.weights), r.weights_version
+    async def weights_version(self) -> int:
+        """The version a rollout would pull now (exports it on the actor, once per version)."""
+        r = await self.call("GetWeightsManifest", weights_pb2.GetWeightsManifestRequest())
+        return r.manifest.weights_version
 
     async def save_checkpoint(self, path: str) -> str:
         return (await self.call("SaveCheckpoint", common_pb2.SaveCheckpointRequest(path=path))).path
@@ -69,19 +71,27 @@ class RolloutClient(ServiceClient):
 
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                                 seed: int | None = None, greedy: bool = False) -> DataProto:
+                                 seed: int | None = None, greedy: bool = False, row_offset: int = 0) -> DataProto:
         params = rollout_pb2.SamplingParams(max_new_tokens=max_new_tokens, n=n, temperature=temperature,
-                                            top_p=top_p, top_k=max(top_k, 0), greedy=greedy)
+                                            top_p=top_p, top_k=max(top_k, 0), greedy=greedy, row_offset=row_offset)
         if seed is not None:
             params.seed = seed
         r = await self.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
             batch=codec.encode_batch(batch), sampling=params))
         return codec.decode_batch(r.batch)
 
-    async def load_weights(self, weights: dict, version: int) -> int:
-        r = await self.call("LoadWeights", rollout_pb2.LoadWeightsRequest(
-            weights=codec.encode_named(weights), weights_version=version))
-        return r.weights_version
+    async def sync_weights(self, version: int, source: str, *, transport: str | None = None,
+                           force: bool = False) -> rollout_pb2.SyncWeightsResponse:
+        """Have the rollout pull `version` from the ActorService at `source` (transport: "stream",
+        "ipc", "collective", or None for the rollout's configured choice)."""
+        kinds = {None: weights_pb2.WEIGHT_TRANSPORT_UNSPECIFIED, "stream": weights_pb2.WEIGHT_TRANSPORT_STREAM,
+                 "ipc": weights_pb2.WEIGHT_TRANSPORT_IPC, "collective": weights_pb2.WEIGHT_TRANSPORT_COLLECTIVE}
+        return await self.call("SyncWeights", rollout_pb2.SyncWeightsRequest(
+            weights_version=version, source=source, transport=kinds[transport], force=force))
+
+    async def weights_digest(self) -> tuple[int, dict[str, str]]:
+        r = await self.call("GetWeightsDigest", rollout_pb2.GetWeightsDigestRequest())
+        return r.weights_version, dict(r.sha256)
 
 
 class CriticClient(ServiceClient):

@@ -26,7 +26,7 @@ from controller import checkpointing
 from controller.data import Cursor, collate, load_examples
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
-from controller.roles import Roles, connect, needed_roles
+from controller.roles import Roles, attach_endpoints, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
 from controller.sft import run_sft, split_dev
 from controller.step import StepContext, ppo_step
@@ -152,14 +152,15 @@ class Run:
 
     async def _connect(self, launcher: Launcher) -> Roles:
         roles = needed_roles(self.cfg)
-        attach = {r: getattr(self.cfg.services, r).endpoint for r in roles}
-        return await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id)
+        attach = attach_endpoints(self.cfg, roles)
+        return await connect(self.cfg, await endpoints(launcher, roles, attach), self.run_id,
+                             self.tokenizer.pad_token_id)
 
     async def _warm_start(self) -> None:
         """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk
         from the policy, and validation at step 0."""
         t, roles = self.cfg.trainer, self.roles
-        await roles.sync_rollout()
+        await roles.sync_rollout(force=True)
         self.summary["val_accuracy_init"] = await self._greedy_accuracy()
         if t.sft.total_steps > 0:
             t0 = time.time()
@@ -169,7 +170,7 @@ class Run:
             self.summary["sft_time_s"] = time.time() - t0
             self.summary["sft_final"] = sft["metrics"]
             self.summary["sft_steps"], self.summary["sft_dev_accuracy"] = sft["steps"], sft["dev_accuracy"]
-            await roles.sync_rollout()
+            await roles.sync_rollout(force=True)
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
             path = await roles.actor.save_checkpoint(os.path.join(self.run_dir, "checkpoints", "init", "actor"))
@@ -181,7 +182,7 @@ class Run:
     async def _restore(self) -> None:
         """Policy, reference, optimizers and critic as they were, then this object's state."""
         state = await checkpointing.restore(self.roles, self.resume_from)
-        await self.roles.sync_rollout()
+        await self.roles.sync_rollout(force=True)
         self.load_state_dict(state)
         self.summary["resumed_from"] = self.resume_from
 
@@ -229,7 +230,7 @@ class Run:
 
     async def _dev_accuracy(self) -> float:
         """Greedy accuracy of the current policy on the dev split (SFT's stop)."""
-        await self.roles.sync_rollout()
+        await self.roles.sync_rollout(force=True)  # the run's first syncs (as after SFT)
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.dev, self.tokenizer,
                                      self.cfg.data.max_response_length, self.cfg)
 

@@ -125,12 +125,11 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
         metrics.update(kl_metrics)
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     with timed(metrics, "update_actor_critic"):
-        update_metrics = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp)
+        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp)
     metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     metrics.update(update_metrics)
-    if ctx.roles.standalone_rollout:  # colocated, the rollout generates on the actor's own weights
-        with timed(metrics, "sync_weights"):
-            await ctx.roles.sync_rollout()
+    # standalone: the rollout pulls the new version (timing_s/weight_sync); colocated: nothing to do
+    metrics.update(await ctx.roles.sync_rollout(version))
     metrics.update(data_metrics(ctx, gen, lp, adv))
     metrics.update(perf_metrics(gen, t_step))
     return metrics
@@ -247,9 +246,10 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
 
 
 async def update_actor_critic(roles: Roles, actor_batch: DataProto, critic_batch: DataProto | None,
-                              lp: LogProbs) -> dict[str, float]:
-    """Both updates, concurrently; an on-policy actor update (lp.old is None) fills in lp.old
-    with the old log-probs its forward pass computed."""
+                              lp: LogProbs) -> tuple[dict[str, float], int]:
+    """Both updates, concurrently -> (the actor's and critic's metrics, the actor's weights version
+    after its update); an on-policy actor update (lp.old is None) fills in lp.old with the old
+    log-probs its forward pass computed."""
     if lp.old is None:
         actor_call = roles.actor.update_actor_on_policy(actor_batch)
     else:
@@ -258,7 +258,7 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto, critic_batch
         actor_call, _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
     if lp.old is None:
         lp.old = actor_out[2]
-    return {**actor_out[0], **(critic_metrics or {})}
+    return {**actor_out[0], **(critic_metrics or {})}, actor_out[1]
 
 
 # ---- metrics --------------------------------------------------------------------------------

@@ -21,13 +21,38 @@ PORTS = {"actor": 50051, "rollout": 50052, "critic": 50053, "reward": 50054}
 BASE_ENV = {"PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore::UserWarning"}
 
 
+def service_of(role: str) -> str:
+    """The service a launched role runs: rollout-2 (a rollout replica) -> rollout."""
+    return role.split("-", 1)[0]
+
+
+def replica_index(role: str) -> int:
+    """rollout -> 0, rollout-2 -> 2."""
+    return int(role.split("-", 1)[1]) if "-" in role else 0
+
+
+def devices_env(cfg, role: str) -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES from services.<service>.devices: one GPU per rank; replica k takes the
+    k-th group of world_size GPUs when there are enough for all replicas, else they share them."""
+    svc = getattr(cfg.services, service_of(role)) if cfg is not None else None
+    if svc is None or svc.devices is None:
+        return {}
+    ids = [i.strip() for i in str(svc.devices).split(",")]
+    if len(ids) > svc.world_size:
+        k = replica_index(role)
+        ids = ids[k * svc.world_size:(k + 1) * svc.world_size]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
 def service_argv(role: str, config_path: str, *, host: str, port: int = 0, port_file: str | None = None,
                  run_id: str | None = None, rank: int | None = None, python: str = sys.executable) -> list[str]:
     """The command line of one service process (rank 0 unless `rank` is given: with a rank, every
-    rank is started separately and meets the others at MASTER_ADDR:MASTER_PORT)."""
-    if role not in ROLES:
+    rank is started separately and meets the others at MASTER_ADDR:MASTER_PORT). `role` may be a
+    rollout replica (`rollout-1`, ...): the rollout service again."""
+    if service_of(role) not in ROLES:
         raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
-    argv = [python, "-m", f"services.{role}", "--config", config_path, "--host", host, "--port", str(port)]
+    argv = [python, "-m", f"services.{service_of(role)}", "--config", config_path, "--host", host,
+            "--port", str(port)]
     if port_file:
         argv += ["--port-file", port_file]
     if run_id:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from controller.launchers import LaunchContext, Launcher, log_tail
-from controller.launchers.commands import connect_host, service_argv, service_env
+from controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")
@@ -50,7 +50,7 @@ class LocalLauncher(Launcher):
         log_path = os.path.join(self._logs_dir, f"{role}.log")
         cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
                            run_id=self.ctx.run_id)
-        env = dict(os.environ, **service_env())
+        env = dict(os.environ, **service_env(), **devices_env(self.ctx.cfg, role))
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             self.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     start_new_session=True)  # Ctrl-C reaches us only
@@ -58,7 +58,7 @@ class LocalLauncher(Launcher):
         _log.info("service.started", role=role, pid=self.processes[role].pid, log=log_path)
 
     def _host(self, role: str) -> str:
-        return self.ctx.hosts.get(role, "127.0.0.1")
+        return self.ctx.hosts.get(service_of(role), "127.0.0.1")
 
     async def _wait_ready(self, roles: list[str]) -> dict[str, str]:
         """Wait for each role's port file; fail fast if one exits."""

@@ -26,7 +26,8 @@ def main(argv=None) -> None:
     init_service("actor", args, cfg.services.actor.torch_threads, m.seed,
                  parallel=ParallelConfig.of(m),
                  world_size=cfg.services.actor.world_size,
-                 shape=model_shape(cfg.actor_rollout_ref.model, len(tokenizer)))
+                 shape=model_shape(cfg.actor_rollout_ref.model, len(tokenizer)),
+                 gpu_memory_fraction=cfg.services.actor.gpu_memory_fraction)
     worker = ActorWorker(cfg, len(tokenizer))
     colocated = cfg.actor_rollout_ref.rollout.mode == "colocated"
     targets = {"actor": worker}
@@ -41,7 +42,7 @@ def main(argv=None) -> None:
         out = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
         if colocated:  # one thread for both: a generation never overlaps an update
             out.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                         thread, allow_load_weights=False)))
+                                                         thread)))
         return out
 
     serve_group("actor", args, group, servicers)

@@ -1,4 +1,8 @@
-"""ActorService adapter: decode, validate, call the ActorWorker on its thread, encode."""
+"""ActorService adapter: decode, validate, call the ActorWorker on its thread, encode.
+
+The weight-plane RPCs (a rollout pulling the policy) come from WeightSourceServicer, over a
+WeightSource that exports on the worker thread and sends from its own threads.
+"""
 from __future__ import annotations
 
 from services.actor.front import ActorFront
@@ -7,16 +11,23 @@ from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2
+from tandem.weights.source import WeightSource
+from tandem.weights.source_servicer import WeightSourceServicer
 
 SERVICE = "tandem.v1.ActorService"
 UPDATE_KEYS = ("old_log_probs", "advantages")
 ON_POLICY_KEYS = ("advantages",)
 
 
-class ActorServicer:
+class ActorServicer(WeightSourceServicer):
     def __init__(self, worker: ActorFront, thread: WorkerThread):
         self.worker = worker
         self.thread = thread
+
+        def take():  # on the worker thread: no update can run between these reads and the export
+            return worker.weights_version, worker.mutations, worker.stage_export()
+
+        self.weights = WeightSource(take, thread.run, lambda: worker.mutations)
 
     def _decode(self, request, float_keys=()):
         batch = codec.decode_batch(request.batch)
@@ -60,11 +71,6 @@ class ActorServicer:
     async def SetReference(self, request, context):
         await self.thread.run(self.worker.set_reference)
         return actor_pb2.SetReferenceResponse()
-
-    async def ExportWeights(self, request, context):
-        weights = await self.thread.run(self.worker.export_weights)
-        return actor_pb2.ExportWeightsResponse(weights=codec.encode_named(weights),
-                                               weights_version=self.worker.weights_version)
 
     async def SaveCheckpoint(self, request, context):
         if not request.path:

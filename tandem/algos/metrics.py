@@ -107,6 +107,15 @@ TIMING_UPDATE_WEIGHTS = _define("timing_s/update_weights", "seconds pushing acto
 TIMING_TESTING = _define("timing_s/testing", "seconds running validation")
 TIMING_SAVE_CHECKPOINT = _define("timing_s/save_checkpoint", "seconds saving a checkpoint")
 TIMING_STEP = _define("timing_s/step", "seconds for the whole training step")
+TIMING_WEIGHT_SYNC = _define(
+    "timing_s/weight_sync", "seconds syncing the actor's new weights to every standalone rollout replica "
+    "(the replicas pull them concurrently; controller/weight_sync.py)")
+
+# ---- the weight plane (standalone rollout) ---------------------------------------
+WEIGHT_SYNC_BYTES = _define("weight_sync/bytes", "bytes the rollout replicas pulled in the step's weight sync, summed")
+WEIGHT_SYNC_GBPS = _define("perf/weight_sync_gbps", "weight_sync/bytes / timing_s/weight_sync, in GB/s (1e9 bytes)")
+ROLLOUT_WEIGHTS_VERSION = _define(
+    "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
 
 # ---- throughput and resources ---------------------------------------------------
 PERF_TOTAL_NUM_TOKENS = _define("perf/total_num_tokens", "prompt + response tokens processed in the step")

@@ -19,6 +19,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.load import load_config, to_yaml
 from tandem.config.model_file import LOAD_BALANCING_TYPES, OVERRIDE_KEYS, router_aux_loss_coeff
 from tandem.config.schema import (
+    WEIGHT_TRANSPORTS,
     ActorConfig,
     ActorRolloutRefConfig,
     AlgorithmConfig,
@@ -40,9 +41,12 @@ from tandem.config.schema import (
     TandemConfig,
     TrainerConfig,
     ValKwargsConfig,
+    WeightSyncConfig,
 )
 
 __all__ = [
+    "WEIGHT_TRANSPORTS",
+    "WeightSyncConfig",
     "LOAD_BALANCING_TYPES",
     "OVERRIDE_KEYS",
     "ActorConfig",

@@ -84,6 +84,19 @@ class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollo
     top_k: int = -1
 
 
+# actor_rollout_ref.rollout.weight_sync.transport values (tandem/weights/transport.py maps them)
+WEIGHT_TRANSPORTS = ("auto", "stream", "ipc", "nccl", "collective")
+
+
+@dataclass
+class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
+    transport: str = "auto"  # auto | stream | ipc | nccl (= collective; gloo on CPU)
+    chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
+    streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
+    bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+
+
 @dataclass
 class RolloutConfig:
     mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
@@ -95,9 +108,11 @@ class RolloutConfig:
     free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
     # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
     # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
-    # (tandem/rollout/replica.py). A standalone rollout is always TP=1.
+    # (tandem/rollout/replica.py). Standalone: the rollout's own TP (None = 1; its world size a
+    # multiple of it; each rank slices its shard from the TP=1 weights it receives).
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
 @dataclass
@@ -271,6 +286,9 @@ class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    replicas: int = 1  # rollout only: independent services the controller splits generation over
+    devices: Optional[str] = None  # GPUs (CUDA_VISIBLE_DEVICES) of its ranks, e.g. "1" or "2,3"; replicas take consecutive groups
+    gpu_memory_fraction: Optional[float] = None  # cap on each rank's share of its GPU (services sharing a GPU)
     host: str = "127.0.0.1"  # address a started service binds (0.0.0.0: every interface)
     tls: TLSConfig = field(default_factory=TLSConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)

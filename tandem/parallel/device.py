@@ -67,3 +67,53 @@ def manual_seed(seed: int) -> None:
     torch.manual_seed(seed)
     # On CPU the tracker installed by cpu_compat.install() forks the CPU RNG state.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def set_memory_fraction(fraction: float | None) -> None:
+    """Cap this process's share of its GPU (two services sharing one GPU each take a fraction;
+    the caching allocator raises out-of-memory beyond it). None or CPU: no cap."""
+    if fraction is not None and has_cuda():
+        torch.cuda.set_per_process_memory_fraction(fraction)
+
+
+def device_uuid() -> str:
+    """This process's GPU, as a UUID that is the same in every process ("" on CPU)."""
+    if not has_cuda():
+        return ""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def index_of_uuid(uuid: str) -> int | None:
+    """The index, in this process's numbering, of the GPU with `uuid` (None: not visible here)."""
+    if not has_cuda() or not uuid:
+        return None
+    for i in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(i).uuid) == uuid:
+            return i
+    return None
+
+
+def nccl_available() -> bool:
+    import torch.distributed as dist
+
+    return has_cuda() and dist.is_nccl_available()
+
+
+def ipc_collect() -> None:
+    """Free device memory that CUDA IPC readers have released (the source's old versions)."""
+    if has_cuda():
+        torch.cuda.ipc_collect()
+
+
+def pinned_empty(nbytes: int) -> torch.Tensor:
+    """A host byte buffer for device copies: pinned with CUDA (asynchronous copies), plain on CPU."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
+
+
+def record_event():
+    """An event recorded on the current CUDA stream (wait on it with .synchronize()); None on CPU."""
+    if not has_cuda():
+        return None
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev

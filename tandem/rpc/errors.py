@@ -52,6 +52,12 @@ class DeadlineExceeded(TandemError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class Aborted(TandemError):
+    """A conflict with concurrent work (e.g. weights changed while being read); retry."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class Internal(TandemError):
     """A bug or unexpected failure inside the service."""
 
@@ -61,7 +67,7 @@ class Internal(TandemError):
 _BY_CODE: dict[grpc.StatusCode, type[TandemError]] = {
     cls.code: cls
     for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, NotFound,
-                Unavailable, DeadlineExceeded, Internal)
+                Unavailable, DeadlineExceeded, Aborted, Internal)
 }
 
 

@@ -9,7 +9,10 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 - TandemError -> its status code and message; any other exception ->
   INTERNAL "ExcType: message" with the traceback logged. The process keeps
   serving either way;
-- a method the servicer lacks answers UNIMPLEMENTED.
+- a method the servicer lacks answers UNIMPLEMENTED;
+- server-streaming methods are async generators with the same mapping (an error after some
+  messages ends the stream with its status); a handler may yield bytes it serialized itself
+  (a large message built without protobuf's copies, tandem/weights/wire.py).
 
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
@@ -59,26 +62,54 @@ def _lenient(cls) -> Callable[[bytes], Any]:
     return deserialize
 
 
+async def _refuse_unservable(request, context, fn, name: str, input_full_name: str) -> None:
+    if isinstance(request, _Unparsed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request could not be parsed as {input_full_name}: {request.error}")
+    if fn is None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+
+
+@contextlib.asynccontextmanager
+async def _errors_as_status(context, name: str):
+    """TandemError -> its status; any other exception -> INTERNAL (logged); the service lives on."""
+    try:
+        yield
+    except TandemError as e:
+        await context.abort(e.code, str(e))
+    except (grpc.aio.AbortError, asyncio.CancelledError):
+        raise  # the servicer aborted itself, or the call was cancelled
+    except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+        _log.exception("rpc.internal_error", rpc=name)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
 def _wrap(fn, service: str, method, input_full_name: str):
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        if isinstance(request, _Unparsed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request could not be parsed as {input_full_name}: {request.error}")
-        if fn is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
-        try:
+        await _refuse_unservable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
             return await fn(request, context)
-        except TandemError as e:
-            await context.abort(e.code, str(e))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise  # the servicer aborted itself, or the call was cancelled
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
-            _log.exception("rpc.internal_error", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
     return handler
+
+
+def _wrap_stream(fn, service: str, method, input_full_name: str):
+    """`_wrap` for a server-streaming method (an async generator)."""
+    name = f"{service}.{method}"
+
+    async def handler(request, context):
+        await _refuse_unservable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
+            async for message in fn(request, context):
+                yield message
+
+    return handler
+
+
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHandler:
@@ -88,16 +119,16 @@ def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHa
         raise ValueError(f"unknown gRPC service '{service_full_name}' (import its *_pb2 module first)") from None
     handlers = {}
     for m in desc.methods:
-        if m.client_streaming or m.server_streaming:
-            raise ValueError(f"{service_full_name}.{m.name}: streaming RPCs are not supported yet")
+        if m.client_streaming:
+            raise ValueError(f"{service_full_name}.{m.name}: client-streaming RPCs are not supported")
         req_cls = message_factory.GetMessageClass(m.input_type)
         fn = getattr(servicer, m.name, None)
         if fn is None:
             _log.warning("rpc.unimplemented", service=service_full_name, method=m.name)
-        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            _wrap(fn, desc.name, m.name, m.input_type.full_name),
-            request_deserializer=_lenient(req_cls),
-            response_serializer=lambda msg: msg.SerializeToString())
+        wrap, kind = ((_wrap_stream, grpc.unary_stream_rpc_method_handler) if m.server_streaming
+                      else (_wrap, grpc.unary_unary_rpc_method_handler))
+        handlers[m.name] = kind(wrap(fn, desc.name, m.name, m.input_type.full_name),
+                                request_deserializer=_lenient(req_cls), response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service_full_name, handlers)
 
 

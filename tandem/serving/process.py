@@ -82,10 +82,11 @@ def _env_int(name: str) -> int | None:
 
 
 def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
-                 parallel=None, world_size: int = 1, shape=None):
+                 parallel=None, world_size: int = 1, shape=None, gpu_memory_fraction: float | None = None):
     """Logging, torch threads, and (for model roles) this rank's torch.distributed and
     megatron parallel_state. Rank 0 checks the layout against `shape` (heads, query
-    groups, experts) and, unless the ranks are started separately, starts the others."""
+    groups, experts) and, unless the ranks are started separately, starts the others.
+    gpu_memory_fraction: this rank's cap on its GPU (services sharing a GPU)."""
     rank = args.rank or 0
     configure_logging(role=role, rank=rank, run_id=args.run_id)
     log = get_logger(f"services.{role}")
@@ -104,6 +105,9 @@ def init_service(role: str, args: ServiceArgs, torch_threads: int, seed: int, *,
                           shape.moe.num_experts if shape.moe else 0)
     store = _rendezvous(role, args, world_size, log)
     init_distributed(parallel, rank=rank, world_size=world_size, store=store, seed=seed)
+    from tandem.parallel import device
+
+    device.set_memory_fraction(gpu_memory_fraction)
     return log
 
 

@@ -1,5 +1,6 @@
 from tandem.v1 import common_pb2 as _common_pb2
 from tandem.v1 import data_pb2 as _data_pb2
+from tandem.v1 import weights_pb2 as _weights_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -87,15 +88,3 @@ class SetReferenceRequest(_message.Message):
 class SetReferenceResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
-
-class ExportWeightsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class ExportWeightsResponse(_message.Message):
-    __slots__ = ("weights", "weights_version")
-    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
-    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
-    weights: _data_pb2.NamedTensors
-    weights_version: int
-    def __init__(self, weights: _Optional[_Union[_data_pb2.NamedTensors, _Mapping]] = ..., weights_version: _Optional[int] = ...) -> None: ...

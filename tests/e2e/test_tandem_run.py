@@ -93,6 +93,11 @@ def test_tandem_run(case, tmp_path):
     keys = STEP_KEYS + (["critic/vf_loss"] if "ppo" in case else [])
     if case == "rloo_kl":
         keys += ["actor/kl_loss", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]
+    if "standalone" in case:  # the weight plane's metrics (controller/weight_sync.py)
+        keys += ["timing_s/weight_sync", "weight_sync/bytes", "perf/weight_sync_gbps", "rollout/weights_version"]
+        # versions: 3 SFT steps, then one update per RL step
+        assert [m["rollout/weights_version"] for m in step_lines] == [3 + s for s in range(1, STEPS + 1)]
+        assert all(m["weight_sync/bytes"] > 0 for m in step_lines)
     for m in step_lines:
         for k in keys:
             assert isinstance(m.get(k), (int, float)), f"step {m['step']}: {k} missing"

@@ -26,7 +26,7 @@ CASES = {
     "ppo": [os.path.join(ROOT, "deploy", "configs", "arithmetic_ppo.yaml")],
 }
 STEPS = 20
-VOLATILE_PREFIXES = ("timing_s/", "perf/throughput", "perf/time_per_step")
+VOLATILE_PREFIXES = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/weight_sync_gbps")
 
 
 def run_case(case: str, extra: list[str]) -> list[dict]:

@@ -1,8 +1,10 @@
 """Real service processes for the service tests, started once per session.
 
 actor (colocated: it also serves RolloutService), reward, critic from the run's
-config.yaml, and a standalone rollout from a copy with rollout.mode=standalone, all
-started together (one process each) by the controller's local launcher, as `tandem run` does.
+config.yaml, and two standalone rollouts (`rollout`, `rollout-1`: replicas) from a copy with
+rollout.mode=standalone, all started together (one process each) by the controller's local
+launcher, as `tandem run` does. The standalone rollouts pull their weights from the actor
+(tandem/weights/).
 """
 import asyncio
 import os
@@ -42,6 +44,10 @@ class Services:
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
         return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},
                    security=security(self.cfg, role or kind))
+
+    def source(self) -> str:
+        """The actor's endpoint: where the standalone rollouts pull weights from."""
+        return self.endpoints["actor"]
 
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
@@ -92,7 +98,7 @@ def launched(base, overrides: list[str]):
 
     async def start() -> dict:
         main, standalone = await asyncio.gather(launchers[0].start(["actor", "reward", "critic"]),
-                                                launchers[1].start(["rollout"]))
+                                                launchers[1].start(["rollout", "rollout-1"]))
         return {**main, **standalone}
 
     try:

@@ -246,10 +246,43 @@ def test_generation_tp_values():
     load_config(None, pp2 + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"])  # runs generate on copies
     load_config(None, pp2 + ["actor_rollout_ref.rollout.mode=standalone"])
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    for overrides in (tp2 + [f"{key}=4"],
-                      tp2 + [f"{key}=2", "actor_rollout_ref.rollout.mode=standalone"]):
-        msg = error_of(*overrides)
-        assert key in msg and "colocated" in msg and "standalone rollout at 1" in msg, msg
+    msg = error_of(*tp2, f"{key}=4")
+    assert key in msg and "colocated" in msg, msg
+    # a standalone rollout runs at its own TP: its world size a multiple of it, heads divisible
+    standalone = ["actor_rollout_ref.rollout.mode=standalone", "services.rollout.world_size=4"]
+    for tp in ("1", "2"):
+        load_config(None, standalone + [f"{key}={tp}"])
+    assert "services.rollout.world_size" in error_of(*standalone, "services.rollout.world_size=3", f"{key}=2")
+    msg = error_of(*standalone, f"{key}=3", "services.rollout.world_size=3")
+    assert key in msg and "num_attention_heads=4" in msg, msg
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    (["actor_rollout_ref.rollout.weight_sync.transport=carrier_pigeon"],
+     ["actor_rollout_ref.rollout.weight_sync.transport", "'carrier_pigeon'", "nccl", "stream"]),
+    (["actor_rollout_ref.rollout.weight_sync.chunk_mb=0"], ["actor_rollout_ref.rollout.weight_sync.chunk_mb", "(0, 256]"]),
+    (["actor_rollout_ref.rollout.weight_sync.chunk_mb=300"], ["weight_sync.chunk_mb"]),
+    (["actor_rollout_ref.rollout.weight_sync.bucket_mb=0"], ["actor_rollout_ref.rollout.weight_sync.bucket_mb"]),
+    (["actor_rollout_ref.rollout.weight_sync.timeout_s=0"], ["actor_rollout_ref.rollout.weight_sync.timeout_s"]),
+    (["services.rollout.replicas=0"], ["services.rollout.replicas", "1..64"]),
+    (["services.rollout.replicas=2", "services.rollout.endpoint=h:1"], ["services.rollout.endpoint", "1 endpoints"]),
+    (["services.rollout.devices=a,b"], ["services.rollout.devices", "GPU indices"]),
+    (["services.rollout.replicas=2", "services.rollout.devices=1,2,3"], ["services.rollout.devices", "3 GPUs"]),
+    (["services.actor.gpu_memory_fraction=1.5"], ["services.actor.gpu_memory_fraction", "(0, 1]"]),
+])
+def test_weight_sync_and_replica_keys(overrides, fragments):
+    msg = error_of("actor_rollout_ref.rollout.mode=standalone", *overrides)
+    assert all(f in msg for f in fragments), msg
+
+
+def test_weight_sync_and_replica_values_load():
+    cfg = load_config(None, ["actor_rollout_ref.rollout.mode=standalone", "services.rollout.replicas=2",
+                             "actor_rollout_ref.rollout.weight_sync.transport=nccl", "services.rollout.devices=1,2",
+                             "actor_rollout_ref.rollout.weight_sync.chunk_mb=0.5", "services.actor.gpu_memory_fraction=0.4"])
+    assert cfg.services.rollout.replicas == 2 and cfg.actor_rollout_ref.rollout.weight_sync.chunk_mb == 0.5
+    msg = error_of("services.rollout.replicas=2")  # colocated: the actor serves the rollout itself
+    assert "services.rollout.replicas" in msg and "standalone" in msg
+    assert "services.critic.replicas" in error_of("services.critic.replicas=2")
 
 
 def test_an_architecture_tandem_cannot_load_is_a_config_error(tmp_path):

@@ -106,7 +106,12 @@ def test_a_check_runs_on_its_own():
 
 def test_validate_runs_every_check():
     """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's)."""
-    defined = {fn for module in (actor, algorithm, parallel, placement, reward, rollout, services, trainer)
+    import importlib
+    import pkgutil
+
+    modules = [importlib.import_module(f"tandem.config.checks.{m.name}") for m in pkgutil.iter_modules(checks.__path__)]
+    assert {actor, algorithm, parallel, placement, reward, rollout, services, trainer} <= set(modules)  # control
+    defined = {fn for module in modules
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}
     assert defined | {check_model} == set(checks.CHECKS)

@@ -15,7 +15,8 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("tandem", "services", "controller")
 V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", "tandem/serving/rollout_servicer.py",
-              "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
+              "tandem/weights/wire.py", "tandem/weights/client.py", "tandem/weights/source_servicer.py",
+              "tandem/weights/streams.py", "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
               "tandem/reward/conformance.py"]
 
 

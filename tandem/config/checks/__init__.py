@@ -13,6 +13,7 @@ from tandem.config.checks.reward import check_custom_reward_function, check_rewa
 from tandem.config.checks.rollout import check_rollout, check_val_kwargs
 from tandem.config.checks.services import check_services
 from tandem.config.checks.trainer import check_data, check_loggers, check_sft, check_trainer
+from tandem.config.checks.weight_plane import check_devices, check_standalone_rollout
 from tandem.config.model_file import check_model
 from tandem.config.schema import TandemConfig
 
@@ -20,7 +21,8 @@ from tandem.config.schema import TandemConfig
 # split into topics); a check may rely on the ones before it (rollout.n >= 1, parallel degrees >= 1).
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
-          check_reward_model, check_custom_reward_function, check_placement, check_sft)
+          check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
+          check_sft)
 
 
 def validate(cfg: TandemConfig) -> None:

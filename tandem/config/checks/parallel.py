@@ -62,10 +62,10 @@ def _check_generation(cfg: TandemConfig) -> None:
           "standalone (a colocated rollout generates on each data-parallel rank on its own, but expert-parallel "
           "ranks must run every forward together)")
     rollout_tp, actor_tp = a.rollout.tensor_model_parallel_size, a.actor.megatron.tensor_model_parallel_size
-    check(rollout_tp in (None, 1, actor_tp) and (rollout_tp in (None, 1) or a.rollout.mode == "colocated"),
+    check(a.rollout.mode == "standalone" or rollout_tp in (None, 1, actor_tp),
           "actor_rollout_ref.rollout.tensor_model_parallel_size",
           f"{rollout_tp}: a colocated rollout generates at the actor's TP ({actor_tp}, null) or at 1 "
-          "(a TP=1 copy on every rank); a standalone rollout at 1")
+          "(a TP=1 copy on every rank)")
     check(cfg.services.rollout.world_size >= 1, "services.rollout.world_size", "must be >= 1")
     pp = a.actor.megatron.pipeline_model_parallel_size
     check(pp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,
