@@ -19,6 +19,7 @@ same seed or checkpoint), so they do the same work.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import subprocess
@@ -104,7 +105,8 @@ class GrpcMode:
                                                      {r: getattr(s, r).endpoint for r in self.roles_needed}))
 
     async def connect(self) -> None:
-        self.roles = await connect(self.cfg, await self.started, self.run_id)
+        extra = {"pad_id": self.tokenizer.pad_token_id} if "pad_id" in inspect.signature(connect).parameters else {}
+        self.roles = await connect(self.cfg, await self.started, self.run_id, **extra)  # older trees: no pad_id
         self.ctx = step_context(self.cfg, self.roles, self.tokenizer)
         if self.update_batches is not None:
             self._record(self.roles.actor)
@@ -195,7 +197,8 @@ class InprocMode:
         ensure_megatron(cfg)
         actor = ActorFront.in_process(cfg, len(tokenizer))  # the service's front door, one rank
         rollout = RolloutWorker(actor.local.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                                vocab_size=actor.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
+                                vocab_size=actor.vocab_size,
+                                max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
         reward = RewardWorker(default_rule=cfg.reward_model.default_rule)
         model_run = _direct if on_loop else WorkerThread("inproc-actor").run
         reward_run = _direct if on_loop else WorkerThread("inproc-reward").run
@@ -287,7 +290,8 @@ class PureMode:
             ensure_megatron(cfg)
             self.update = ModulesUpdate(cfg, hf_path, tokenizer_len)
         else:
-            self.update = HFUpdate(hf_path, cfg.actor_rollout_ref.actor.optim.lr, cfg.actor_rollout_ref.actor.clip_ratio)
+            actor = cfg.actor_rollout_ref.actor
+            self.update = HFUpdate(hf_path, actor.optim.lr, actor.clip_ratio)
         self.batches = batches
 
     async def step(self, i: int) -> tuple[float, dict]:
