@@ -125,7 +125,7 @@ def test_actor_on_policy_update_bad_inputs_then_the_old_log_probs_of_a_separate_
         rollout = services.client("rollout", "actor")
         seq = services.sequences(await sampled_batch(services, rollout))  # 4 prompts x 2 = one mini-batch
         lp0 = (await actor.compute_log_prob(seq))["old_log_probs"]
-        _, version0 = await actor.export_weights()
+        version0 = await actor.weights_version()
         adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(1))
         train = services.with_tensor(seq, "advantages", adv)
         twice = DataProto.concat([train, train])  # 16 rows: two mini-batches of 4 prompts x 2
@@ -136,7 +136,7 @@ def test_actor_on_policy_update_bad_inputs_then_the_old_log_probs_of_a_separate_
         for what, batch, frags in cases:
             await services.expect_error(actor.update_actor_on_policy(batch), INVALID, "UpdateActor", *frags)
             assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0), f"after {what}"
-        assert (await actor.export_weights())[1] == version0
+        assert await actor.weights_version() == version0
         metrics, version, old = await actor.update_actor_on_policy(train)
         assert version == version0 + 1 and metrics["actor/ppo_kl"] == 0.0
         assert torch.equal(old["old_log_probs"], lp0)
