@@ -72,10 +72,14 @@ def main(argv=None) -> int:
     except RunStopped as e:
         print(f"tandem: run stopped: {e}", file=sys.stderr)
         return 1
+    except ConfigError as e:  # found once the data is read (trainer.sft.dev_size)
+        print(f"tandem: config error: {e}", file=sys.stderr)
+        return 2
     except RewardFailure as e:
         print(f"tandem: run failed: {e}", file=sys.stderr)
         return 1
-    keys = ("val_accuracy_init", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain", "wall_time_s")
+    keys = ("val_accuracy_init", "sft_steps", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain",
+            "wall_time_s")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
     print(f"tandem: held-out greedy accuracy after SFT {summary.get('val_accuracy_after_sft')}, "
           f"after RL {summary.get('val_accuracy_final')}; run directory {summary['run_dir']}")

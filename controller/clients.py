@@ -43,6 +43,12 @@ class ActorClient(ServiceClient):
         r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics), r.weights_version
 
+    async def update_actor_on_policy(self, batch: DataProto) -> tuple[dict, int, DataProto]:
+        """UpdateActor without old_log_probs (one mini-batch, one epoch: they are the current
+        policy's) -> (metrics, weights version, the old_log_probs its forward pass computed)."""
+        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch), on_policy=True))
+        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch)
+
     async def train_sft(self, batch: DataProto) -> dict:
         r = await self.call("TrainSft", actor_pb2.TrainSftRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics)

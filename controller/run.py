@@ -37,7 +37,7 @@ from controller.plot import plot_run
 from controller.recovery import STATELESS, Supervisor
 from controller.roles import Roles, attach_endpoints, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
-from controller.sft import run_sft
+from controller.sft import run_sft, split_dev
 from controller.step import StepContext, ppo_step
 from controller.tracking import Tracking
 from controller.validation import greedy_accuracy, run_validation
@@ -96,7 +96,8 @@ class Run:
         self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
         d, k = cfg.data, cfg.algorithm.kl_ctrl
         skipped: dict[str, dict] = {"train": {}, "val": {}}  # rows no step can use, by reason (summary.json)
-        self.train = load_split(d, "train", self.tokenizer, skipped["train"])
+        self.train, self.dev = split_dev(load_split(d, "train", self.tokenizer, skipped["train"]),
+                                         cfg.trainer.sft, d.seed)  # dev: SFT's stop (controller/sft.py)
         self.val = load_split(d, "val", self.tokenizer, skipped["val"])
         self.cfg = cfg = with_epoch_steps(cfg, len(self.train))  # verl's trainer.total_epochs
         # Stateful parts (controller_state.json)
@@ -210,10 +211,11 @@ class Run:
         if t.sft.total_steps > 0:
             t0 = time.time()
             with self.tracking.phase("sft", t.sft.total_steps) as bar:
-                sft_metrics = await run_sft(roles.actor, self.train, self.tokenizer, t.sft.total_steps,
-                                            t.sft.batch_size, t.sft.data_seed, bar, self.cancel.check)
+                sft = await run_sft(roles.actor, self.train, self.tokenizer, t.sft, bar,
+                                    self._dev_accuracy if self.dev else None, self.cancel.check)
             self.summary["sft_time_s"] = time.time() - t0
-            self.summary["sft_final"] = sft_metrics
+            self.summary["sft_final"] = sft["metrics"]
+            self.summary["sft_steps"], self.summary["sft_dev_accuracy"] = sft["steps"], sft["dev_accuracy"]
             await roles.sync_rollout(force=True)
         self.cancel.check()
         await roles.actor.set_reference()
@@ -298,6 +300,12 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
+                                     self.cfg.data.max_response_length, self.cfg)
+
+    async def _dev_accuracy(self) -> float:
+        """Greedy accuracy of the current policy on the dev split (SFT's stop)."""
+        await self.roles.sync_rollout(force=True)  # the run's first syncs (as after SFT)
+        return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.dev, self.tokenizer,
                                      self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:

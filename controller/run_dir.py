@@ -17,6 +17,7 @@ import uuid
 from dataclasses import replace
 
 from controller import checkpointing
+from controller.sft import resolve_stop
 from tandem.config import TandemConfig, load_config, to_yaml
 
 CONFIG_FILE = "config.yaml"
@@ -47,11 +48,13 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
 
         model = replace(model, tokenizer_path=build_tokenizer(os.path.join(run_dir, "tokenizer")))
     data = cfg.data
+    sft = resolve_stop(cfg.trainer.sft, builtin_task=data.train_files is None)
+    cfg = replace(cfg, trainer=replace(cfg.trainer, sft=sft))
     if data.train_files is None:
         from tandem.tasks.arithmetic import write_dataset
 
         train, val = write_dataset(os.path.join(run_dir, "data"), data.builtin_train_size,
-                                   data.builtin_val_size, data.seed)
+                                   data.builtin_val_size, data.seed, data.builtin_fixed_width)
         data = replace(data, train_files=train, val_files=val)
     cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
     with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:

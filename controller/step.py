@@ -4,6 +4,9 @@
    greedy baseline per prompt; DAPO: generation rounds until enough prompt groups with
    varied rewards are kept, controller/dapo.py);
 2. log-probs and values: old and reference log-probs and the critic's values, concurrently;
+   when the update trains every row on the current weights (one mini-batch, one epoch, no KL
+   in the reward: the default), the old log-probs are the update's own forward pass's
+   (bit-identical, one forward pass less per step; TRL does the same) and come back in phase 4;
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
 
@@ -70,12 +73,19 @@ class StepContext:
     def need_ref(self) -> bool:
         return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
+    def on_policy_update(self, rows: int) -> bool:
+        """Whether the update's own forward pass gives the old log-probs (no separate pass): every
+        row is trained on the current weights (one mini-batch, one epoch; as the default) and
+        nothing needs them before the update (KL in the reward does)."""
+        a = self.cfg.actor_rollout_ref.actor
+        return a.ppo_epochs == 1 and rows <= a.ppo_mini_batch_size * self.n and not self.cfg.algorithm.use_kl_in_reward
+
 
 @dataclass
 class LogProbs:
     """Phase 2's outputs, one row per generated row."""
 
-    old: DataProto  # old_log_probs [B, R]
+    old: DataProto | None  # old_log_probs [B, R]; on-policy updates fill it in (phase 4)
     ref: DataProto | None  # ref_log_prob [B, R], when KL is in the loss or the reward
     values: DataProto | None  # values [B, R], with a critic
 
@@ -125,15 +135,17 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
         return metrics
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
-    lp = await log_probs_and_values(ctx, seq, metrics)
+    # on-policy: the update's own forward gives the old log-probs (not while the critic warms up)
+    on_policy = ctx.on_policy_update(len(seq)) and step > ctx.cfg.trainer.critic_warmup
+    lp = await log_probs_and_values(ctx, seq, metrics, old=not on_policy)
     with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
-    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     if step <= ctx.cfg.trainer.critic_warmup:  # verl: the critic learns first, the policy waits
         actor_batch = None
-    update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, metrics)
+    update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp, metrics)
+    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     metrics.update(update_metrics)
     if ctx.roles.standalone_rollout and actor_batch is not None:  # colocated: the rollout uses the actor's weights
         with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
@@ -204,11 +216,13 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 
 # ---- phase 2: log-probs and values ----------------------------------------------------------
 
-async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None) -> LogProbs:
-    """Old and reference log-probs and values, concurrently (each timed on its own)."""
+async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None,
+                               old: bool = True) -> LogProbs:
+    """Old log-probs (unless the update computes them: `old=False`), reference log-probs and
+    values, concurrently (each timed on its own)."""
     actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
     old, ref, values = await asyncio.gather(
-        _timed(actor.compute_log_prob(seq), timings, M.TIMING_OLD_LOG_PROB),
+        _timed(actor.compute_log_prob(seq) if old else None, timings, M.TIMING_OLD_LOG_PROB),
         _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
         _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
     return LogProbs(old, ref, values)
@@ -260,7 +274,8 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
                    adv: Advantages) -> tuple[DataProto, DataProto | None]:
     """-> (the actor's update batch, the critic's or None without a critic)."""
     actor = ctx.cfg.actor_rollout_ref.actor
-    train = seq.union(lp.old.select(tensor_keys=["old_log_probs"]))
+    old = lp.old.select(tensor_keys=["old_log_probs"]) if lp.old is not None else DataProto()  # None: on-policy
+    train = seq.union(old)
     train.tensors["advantages"] = adv.advantages.float()
     if actor.use_kl_loss:
         train.tensors["ref_log_prob"] = lp.ref["ref_log_prob"]
@@ -275,18 +290,27 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
 
 
 async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, critic_batch: DataProto | None,
-                              timings: dict | None = None) -> tuple[dict[str, float], int | None]:
+                              lp: LogProbs, timings: dict | None = None) -> tuple[dict[str, float], int | None]:
     """The actor's and the critic's updates, concurrently (each timed on its own); a None batch: no
     update of that role (no critic, or trainer.critic_warmup) -> (their metrics, the actor's
-    weights version after its update, None when it did not update)."""
+    weights version after its update, None when it did not update). An on-policy actor update
+    (lp.old is None) fills in lp.old with the old log-probs its forward pass computed."""
     timings = {} if timings is None else timings
+    if actor_batch is None:
+        actor_call = None
+    elif lp.old is None:
+        actor_call = roles.actor.update_actor_on_policy(actor_batch)
+    else:
+        actor_call = roles.actor.update_actor(actor_batch)
     actor_out, critic_metrics = await asyncio.gather(
-        _timed(roles.actor.update_actor(actor_batch) if actor_batch is not None else None, timings,
-               M.TIMING_UPDATE_ACTOR),
+        _timed(actor_call, timings, M.TIMING_UPDATE_ACTOR),
         _timed(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
                M.TIMING_UPDATE_CRITIC))
-    actor_metrics, version = actor_out if actor_out else ({}, None)
-    return {**actor_metrics, **(critic_metrics or {})}, version
+    if not actor_out:
+        return dict(critic_metrics or {}), None
+    if lp.old is None:
+        lp.old = actor_out[2]
+    return {**actor_out[0], **(critic_metrics or {})}, actor_out[1]
 
 
 # ---- metrics --------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from services.actor.worker import ActorWorker
 from tandem.data.batch import DataProto
+from tandem.rpc.errors import InvalidArgument
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import loss_units
@@ -56,16 +57,34 @@ class ActorFront:
         return DataProto(tensors={"ref_log_prob": out["log_probs"]})
 
     def update_actor(self, batch: DataProto) -> dict[str, float]:
+        return self._update(batch, on_policy=False)[0]
+
+    def update_actor_on_policy(self, batch: DataProto) -> tuple[dict[str, float], DataProto]:
+        """update_actor for a batch without old_log_probs, when they are the current policy's
+        (check_on_policy): the update's own forward gives them -> (metrics, 'old_log_probs' [B, R])."""
+        self.check_on_policy(batch)
+        return self._update(batch, on_policy=True)
+
+    def check_on_policy(self, batch: DataProto) -> None:
+        """Every row must be trained on the current weights: one mini-batch, one epoch."""
+        a, rows = self.actor_cfg, self._rows_per_mini(batch)
+        if a.ppo_epochs != 1 or len(batch) > rows:
+            raise InvalidArgument(
+                f"on_policy: {len(batch)} rows in mini-batches of {rows} (ppo_mini_batch_size x rollout_n) "
+                f"over ppo_epochs={a.ppo_epochs}: rows after the first optimizer step are trained on newer "
+                "weights than the ones that sampled them; send old_log_probs (ComputeLogProb) instead")
+
+    def _update(self, batch: DataProto, on_policy: bool) -> tuple[dict[str, float], DataProto | None]:
         self.mutations += 1
         a = self.actor_cfg
-        metrics = self.door.train(
-            "update", batch, float(batch.meta.get("temperature", 1.0)), rows_per_mini=self._rows_per_mini(batch),
-            micro_rows=a.ppo_micro_batch_size_per_gpu, epochs=a.ppo_epochs, shuffle=a.shuffle,
-            seed=self.cfg.trainer.seed + self.update_calls,
+        metrics, rows = self.door.train_with_rows(
+            "update", batch, float(batch.meta.get("temperature", 1.0)), on_policy,
+            rows_per_mini=self._rows_per_mini(batch), micro_rows=a.ppo_micro_batch_size_per_gpu,
+            epochs=a.ppo_epochs, shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
             units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
         self.update_calls += 1
         self.weights_version += 1
-        return metrics
+        return metrics, rows
 
     def train_sft(self, batch: DataProto) -> dict[str, float]:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""

@@ -16,6 +16,7 @@ from tandem.weights.source_servicer import WeightSourceServicer
 
 SERVICE = "tandem.v1.ActorService"
 UPDATE_KEYS = ("old_log_probs", "advantages")
+ON_POLICY_KEYS = ("advantages",)
 
 
 class ActorServicer(WeightSourceServicer):
@@ -45,11 +46,19 @@ class ActorServicer(WeightSourceServicer):
         return actor_pb2.ComputeRefLogProbResponse(batch=codec.encode_batch(out))
 
     async def UpdateActor(self, request, context):
-        keys = UPDATE_KEYS + (("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ())
+        keys = ON_POLICY_KEYS if request.on_policy else UPDATE_KEYS  # on_policy: old_log_probs come from the update
+        keys += ("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ()
         keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
         batch = self._decode(request, keys)
-        metrics = await self.thread.run(self.worker.update_actor, batch)
-        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+        if not request.on_policy:
+            metrics = await self.thread.run(self.worker.update_actor, batch)
+            return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+        if "old_log_probs" in batch.tensors:
+            raise InvalidArgument("on_policy: the batch carries old_log_probs; the update computes them itself")
+        self.worker.check_on_policy(batch)  # before the worker thread: a bad request changes nothing
+        metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch)
+        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
+                                             batch=codec.encode_batch(old))
 
     async def TrainSft(self, request, context):
         batch = codec.decode_batch(request.batch)

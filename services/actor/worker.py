@@ -85,8 +85,11 @@ class ActorWorker:
         return results
 
     # ---- training --------------------------------------------------------------------
-    def update(self, shards: list[DataProto], temperature: float) -> dict:
-        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
+    def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:
+        """One optimizer step per mini-batch shard; on_policy: the shards carry no old log-probs
+        (the loss takes its own forward's and returns them per row, tandem/train/losses.py)."""
+        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
+                                    on_policy=on_policy)
         return self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
 
     def train_sft(self, shards: list[DataProto]) -> dict:

@@ -226,15 +226,23 @@ class DataConfig:
     seed: int = 1
     builtin_train_size: int = 20000
     builtin_val_size: int = 256
+    builtin_fixed_width: bool = True  # built-in task: `012+345=` -> `0357` (false: `12+345=` -> `357`)
 
 
 @dataclass
 class SftConfig:
-    total_steps: int = 1200  # 0 = no SFT warm start
+    total_steps: int = 4000  # 0 = no SFT warm start; with stop_at_accuracy: the most steps
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
     data_seed: int = 7
+    # Stop the warm start at the first greedy accuracy >= this on a dev split held out of the
+    # training data (dev_size prompts, never trained on; not the reported validation set),
+    # measured every eval_freq steps. None: run total_steps, no dev split. "auto": 0.4 on the
+    # built-in task, None on your data (data.train_files), resolved when the run directory is made.
+    stop_at_accuracy: Any = "auto"  # a float in (0, 1], None or "auto" (checks/trainer.py)
+    eval_freq: int = 10
+    dev_size: int = 256
 
 
 @dataclass

@@ -60,7 +60,9 @@ class GenerationEngine:
     use_graphs: capture decode in CUDA graphs (default: on when CUDA is present; TP > 1
     always runs eagerly). sync_every: decode steps between host looks at the finished
     flags (default 8 on GPU, 1 on CPU). kv_bucket: attention spans the cache rounded up
-    to a multiple of this many positions (bounds the number of graphs). decode_attention:
+    to a multiple of this many positions (bounds the number of graphs; default 128 with
+    graphs, else 16: eager CPU decode then attends over the positions it needs, and a multiple
+    of the 16-float vector width leaves SDPA's sums, hence every output bit, as at 128). decode_attention:
     "triton" (decode_attention.py's split-K kernel; the default with CUDA, SDPA where it
     cannot run), "sdpa" (torch's fused kernels) or "matmul" (two batched GEMMs, fp32 softmax).
     fused_decode: decode on the layers' weights through fused_step.py (default: on with
@@ -71,7 +73,7 @@ class GenerationEngine:
 
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int,
                  max_batch_size: int = 512, use_graphs: bool | None = None,
-                 sync_every: int | None = None, kv_bucket: int = 128,
+                 sync_every: int | None = None, kv_bucket: int | None = None,
                  decode_attention: str | None = None, fused_decode: bool | None = None,
                  compile_decode: bool | str | None = None):
         self.model = model
@@ -80,7 +82,7 @@ class GenerationEngine:
         gpu = device.has_cuda()
         self.use_graphs = gpu if use_graphs is None else use_graphs
         self.sync_every = sync_every or (8 if gpu else 1)
-        self.kv_bucket = kv_bucket
+        self.kv_bucket = kv_bucket or (128 if self.use_graphs else 16)
         self.decode_attention = decode_attention or ("triton" if gpu else "sdpa")
         self.fused_decode = gpu if fused_decode is None else fused_decode
         self.compile_decode = gpu if compile_decode is None else compile_decode

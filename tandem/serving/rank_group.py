@@ -84,6 +84,8 @@ class RankGroup:
         return [result for result, _ in self._call(target, method, per_rank_args, True)]
 
     def _call(self, target: str, method: str, per_rank_args: list, every: bool) -> list:
+        if self.world == 1:  # a group of one: nothing to send (pickling a batch through gloo costs ms)
+            return [self._execute(target, method, per_rank_args[0], every)]
         mine: list = [None]
         with self._peers_alive(target, method):
             dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)

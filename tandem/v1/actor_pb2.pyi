@@ -36,13 +36,15 @@ class ComputeRefLogProbResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class UpdateActorRequest(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "on_policy")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ON_POLICY_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+    on_policy: bool
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
-    __slots__ = ("metrics", "weights_version")
+    __slots__ = ("metrics", "weights_version", "batch")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -52,9 +54,11 @@ class UpdateActorResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     weights_version: int
-    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ...) -> None: ...
+    batch: _data_pb2.Batch
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class TrainSftRequest(_message.Message):
     __slots__ = ("batch",)

@@ -14,7 +14,7 @@ from tandem.config.checks.placement import check_placement
 from tandem.config.checks.reward import check_custom_reward_function, check_reward_calls, check_reward_model
 from tandem.config.checks.rollout import check_rollout, check_val_kwargs
 from tandem.config.checks.services import check_services
-from tandem.config.checks.trainer import check_data, check_loggers, check_trainer
+from tandem.config.checks.trainer import check_data, check_loggers, check_sft, check_trainer
 from tandem.config.checks.weight_plane import check_devices, check_standalone_rollout
 from tandem.config.errors import ConfigError
 from tandem.config.model_file import check_model
@@ -27,7 +27,7 @@ from tandem.config.schema import TandemConfig
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
-          check_model_files)
+          check_model_files, check_sft)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:

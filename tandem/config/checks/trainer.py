@@ -48,6 +48,20 @@ def check_trainer(cfg: TandemConfig) -> None:
     check(t.log_val_generations >= 0, "trainer.log_val_generations", "must be >= 0")
 
 
+def check_sft(cfg: TandemConfig) -> None:
+    """trainer.sft.*: step count, and the dev-accuracy stop (a fraction, evaluated at least every step)."""
+    s = cfg.trainer.sft
+    check(s.total_steps >= 0, "trainer.sft.total_steps", "must be >= 0")
+    check(s.batch_size >= 1, "trainer.sft.batch_size", "must be >= 1")
+    stop = s.stop_at_accuracy
+    if stop is not None:
+        check(stop == "auto" or (isinstance(stop, (int, float)) and not isinstance(stop, bool) and 0 < stop <= 1),
+              "trainer.sft.stop_at_accuracy", f"{stop!r} must be a greedy accuracy in (0, 1], null to run "
+              "total_steps, or auto (the built-in task's threshold; null on your data)")
+        check(s.eval_freq >= 1, "trainer.sft.eval_freq", "must be >= 1 (SFT steps between dev evaluations)")
+        check(s.dev_size >= 1, "trainer.sft.dev_size", "must be >= 1 (prompts held out as the dev split)")
+
+
 def check_loggers(cfg: TandemConfig) -> None:
     """trainer.logger names known sinks only."""
     t = cfg.trainer
