@@ -52,7 +52,8 @@ def test_recover_follows_each_runs_restart_policy(tmp_path):
     db = Records(str(tmp_path))
     run_dir = tmp_path / "resumable"
     ckpt = run_dir / "checkpoints" / "global_step_3"
-    ckpt.mkdir(parents=True)
+    (ckpt / "actor").mkdir(parents=True)
+    (ckpt / "actor" / "tandem_complete").write_text("")  # a complete part (controller/checkpointing.is_complete)
     (ckpt / "controller_state.json").write_text('{"global_step": 3}')
     now = time.time()
     for rid, kw in (("resume", {}), ("fresh", {}), ("fail", {"on_controller_restart": "fail"}), ("queued", {})):

@@ -133,7 +133,8 @@ def test_run_counts_skipped_rows_in_its_summary(tmp_path, arithmetic_tokenizer):
     rows = [{"prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": "1"}} for c in ("1+0=", "")]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     cfg = load_config(None, [f"data.train_files={tmp_path / 'd.jsonl'}", f"data.val_files={tmp_path / 'd.jsonl'}",
-                             f"actor_rollout_ref.model.tokenizer_path={tok_dir}"])
+                             f"actor_rollout_ref.model.tokenizer_path={tok_dir}",
+                             "trainer.sft.stop_at_accuracy=null"])  # no dev split (create_run_dir resolves auto)
     run = Run(cfg, str(tmp_path / "run"))
     assert run.summary.get("data_rows_skipped") == {"train": {"overlong": 0, "empty_prompt": 1},
                                                     "val": {"overlong": 0, "empty_prompt": 1}}
