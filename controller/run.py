@@ -23,6 +23,7 @@ import os
 import time
 
 from controller import checkpointing
+from controller.async_train import train_async
 from controller.data import Cursor, collate, load_examples
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
@@ -187,6 +188,8 @@ class Run:
     async def _train(self) -> None:
         """The RL steps after the last one done, with validation and checkpoints on their cadence."""
         t = self.cfg.trainer
+        if self.cfg.async_training.mode != "sync":  # generation overlapping training
+            return await train_async(self)
         ctx = StepContext(self.roles, self.cfg, self.tokenizer, self.kl_ctrl)
         t0 = time.time()
         for step in range(self.steps.done + 1, t.total_training_steps + 1):

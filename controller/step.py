@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -100,11 +100,25 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     with timed(metrics, "gen"):
         gen, sampling_metrics = await rollout_and_score(ctx, prompts, step)
         metrics.update(sampling_metrics)
+    version = await train_on(ctx, gen, step, metrics)
+    if version is not None:
+        # standalone: the rollout pulls the new version (timing_s/weight_sync); colocated: nothing to do
+        metrics.update(await ctx.roles.sync_rollout(version))
+        metrics.update(perf_metrics(gen, t_step))
+    else:
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+    return metrics
+
+
+async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
+                   update_guard: AbstractAsyncContextManager | None = None) -> int | None:
+    """Phases 2-4 on a scored batch, its metrics added to `metrics` -> the actor's weights version
+    after the update (None: no row could be scored, nothing trained). `update_guard` is held
+    around the update (the asynchronous loop keeps weight syncs out of it)."""
     metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
     if len(gen) == 0:  # reward_model.on_failure=drop dropped every row: nothing to train on
         _log.warning("step.skipped", step=step, reason="no row could be scored")
-        metrics["timing_s/step"] = time.perf_counter() - t_step
-        return metrics
+        return None
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
     with timed(metrics, "reward_logprob_values"):
@@ -115,13 +129,11 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     with timed(metrics, "update_actor_critic"):
-        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
+        async with update_guard or nullcontext():
+            update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
     metrics.update(update_metrics)
-    # standalone: the rollout pulls the new version (timing_s/weight_sync); colocated: nothing to do
-    metrics.update(await ctx.roles.sync_rollout(version))
     metrics.update(data_metrics(ctx, gen, lp, adv))
-    metrics.update(perf_metrics(gen, t_step))
-    return metrics
+    return version
 
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
