@@ -142,7 +142,7 @@ class AsyncLoop:
                 self.dropped += 1
                 await self._finish(batch.drawn, None, again=self.bounds.on_stale == "regenerate")
                 continue
-            metrics = {**batch.metrics, M.ASYNC_QUEUE_DEPTH: float(self.queue.depth()),
+            metrics = {**batch.metrics, M.ASYNC_BATCH: float(batch.drawn.seq), M.ASYNC_QUEUE_DEPTH: float(self.queue.depth()),
                        M.ASYNC_STALENESS_MEAN: float(staleness), M.ASYNC_STALENESS_MAX: float(staleness)}
             version = await self.phases.train(batch, step, metrics, self.weights_lock)
             await self._finish(batch.drawn, version)

@@ -6,8 +6,8 @@ synchronous step is by its step), syncs with `Roles.sync_rollout`; the consumer 
 step's phases 2-4 (`step.train_on`), then logs, validates and checkpoints on the run's cadence.
 
 Validation pauses the producer and syncs the rollout to the actor's weights first (it measures
-the policy being trained). A checkpoint saves, beside the run's state, every batch not yet trained
-(its number and prompts: `async_pending`) and the next batch number; a resumed run generates
+the policy being trained). A checkpoint saves, with the data cursor, every batch not yet trained
+(its number and prompts: data_cursor.async_pending) and the next batch number; a resumed run generates
 those batches again from the same prompts, on the restored weights, before drawing new prompts.
 In-flight generations are so regenerated rather than saved: no step's data is lost or trained
 twice, but a regenerated batch is sampled on the restored (newer) weights, so a resumed async run
@@ -64,30 +64,31 @@ class RunPhases:
                     update_guard: AbstractAsyncContextManager) -> int | None:
         self.run.roles.set_step(step)
         version = await train_on(self.ctx, batch.data, step, metrics, update_guard)
-        now = time.perf_counter()  # a step's time is the consumer's time between two steps
-        metrics.update(perf_metrics(batch.data, self.t_last))
-        self.t_last = now
+        metrics.update(perf_metrics(batch.data, self.t_last))  # since the last step's end, waits included
         return version
 
 
 async def train_async(run) -> None:
     """The RL steps after the last one done, overlapped; the rollout ends synced to the actor."""
     t, phases = run.cfg.trainer, RunPhases(run)
-    state = checkpointing.read_state(run.resume_from) if run.resume_from else {}
+    state = checkpointing.read_state(run.resume_from)["data_cursor"] if run.resume_from else {}
     loop = AsyncLoop(phases, bounds_of(run.cfg), await run.roles.actor.weights_version(),
                      next_seq=int(state.get("async_next_seq", run.steps.done + 1)),
                      replay=[Drawn.from_state(d) for d in state.get("async_pending", [])])
+    run.cursor = PendingCursor(run.cursor, loop)  # every checkpoint from here on, the final one too
 
     async def after_step(step: int, metrics: dict) -> None:
         last = step == t.total_training_steps  # the final validation and checkpoint follow
         if t.test_freq and step % t.test_freq == 0 and not last:
             async with loop.paused(), loop.weights_lock:
-                await loop.sync_locked()
+                if loop.rollout_version != loop.actor_version:
+                    metrics.update(await loop.sync_locked())
                 metrics.update(await run._validate(step))
         run.tracking.log(metrics, step=step)
         run.steps.done = step
         if t.save_freq and step % t.save_freq == 0 and not last:
-            await checkpointing.save(run.roles, run.run_dir, checkpoint_state(run, loop))
+            await checkpointing.save(run.roles, run.run_dir, run.state_dict())
+        phases.t_last = time.perf_counter()  # timing_s/step: validation and checkpoints left out, as in sync
 
     t0 = time.time()
     await loop.run(run.steps.done + 1, t.total_training_steps, after_step)
@@ -96,7 +97,20 @@ async def train_async(run) -> None:
     run.summary["async_dropped_batches"] = loop.dropped
 
 
-def checkpoint_state(run, loop: AsyncLoop) -> dict:
-    """The run's state plus the batches not yet trained and the next batch number."""
-    return {**run.state_dict(), "async_pending": [d.to_state() for d in loop.pending()],
-            "async_next_seq": loop.next_seq}
+class PendingCursor:
+    """The run's data cursor during an async run: its state (controller_state.json's data_cursor)
+    also lists the batches drawn and not yet trained, and the next batch number, so that every
+    checkpoint, the run's final one included, lets a resumed run draw them again."""
+
+    def __init__(self, cursor, loop: AsyncLoop):
+        self.cursor, self.loop = cursor, loop
+
+    def next(self, n: int) -> list[int]:
+        return self.cursor.next(n)
+
+    def state_dict(self) -> dict:
+        return {**self.cursor.state_dict(), "async_pending": [d.to_state() for d in self.loop.pending()],
+                "async_next_seq": self.loop.next_seq}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.cursor.load_state_dict(state)

@@ -121,6 +121,7 @@ ROLLOUT_WEIGHTS_VERSION = _define(
 ASYNC_STALENESS_MEAN = _define(
     "async/staleness_mean", "mean over the step's trained rows of (actor version at the update - version that generated it)")
 ASYNC_STALENESS_MAX = _define("async/staleness_max", "max over the step's trained rows of the same staleness")
+ASYNC_BATCH = _define("async/batch", "the number of the batch the step trained on (its prompts' place in the data order)")
 ASYNC_QUEUE_DEPTH = _define("async/queue_depth", "scored batches waiting in the queue when the step took its batch")
 ASYNC_PRODUCER_IDLE = _define(
     "async/producer_idle_s", "seconds since the last step the producer waited (batches ahead, staleness bound, an update)")

@@ -77,7 +77,7 @@ def test_wait_never_trains_stale_and_drops_nothing(staleness, max_ahead):
 
 def test_staleness_zero_is_the_synchronous_schedule():
     phases = SlowConsumer()
-    loop, logged = run_loop(phases, Bounds(0, 2, "wait"))
+    _, logged = run_loop(phases, Bounds(0, 2, "wait"))
     assert [(seq, stamp, at) for seq, stamp, at in phases.trained] == [(k, k - 1, k - 1) for k in range(1, STEPS + 1)]
     assert all(m[M.ASYNC_QUEUE_DEPTH] == 0 for _, m in logged)
 
