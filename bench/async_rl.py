@@ -42,7 +42,7 @@ COMMON = ["actor_rollout_ref.rollout.mode=standalone", "algorithm.adv_estimator=
 def one_run(overrides: list[str], workdir: str, name: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides,
                            f"trainer.default_local_dir={workdir}", f"trainer.experiment_name={name}"],
-                          capture_output=True, text=True)
+                          check=False, capture_output=True, text=True)
     found = re.search(r"tandem: run directory (\S+)", proc.stdout)
     if proc.returncode != 0 or not found:
         sys.exit(f"tandem run {name} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -91,9 +91,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"sync": [], args.mode: []}
     with tempfile.TemporaryDirectory(prefix="tandem-async-bench-") as workdir:
         for r in range(args.rounds):
-            for mode in runs:
+            for mode, results in runs.items():
                 res = one_run([*base, f"async_training.mode={mode}"], workdir, f"{mode}-{r}")
-                runs[mode].append(res)
+                results.append(res)
                 print(f"round {r} {mode:>13}: {res['steps_per_s']:.3f} steps/s ({res['steps']} steps; gen "
                       f"{res['gen_s']:.2f} s, update {res['update_s']:.2f} s, sync {res['sync_s']:.3f} s a step; "
                       f"idle: producer {res['producer_idle_s']:.2f} s, consumer {res['consumer_idle_s']:.2f} s; staleness "
