@@ -100,8 +100,9 @@ def main() -> None:
                       f"{res['staleness']:.2f}, dropped {res['dropped']:.0f}; load {os.getloadavg()[0]:.2f})", flush=True)
     sync = statistics.median(x["steps_per_s"] for x in runs["sync"])
     fast = statistics.median(x["steps_per_s"] for x in runs[args.mode])
+    paired = statistics.median(a["steps_per_s"] / s["steps_per_s"] for s, a in zip(runs["sync"], runs[args.mode]))
     print(f"\nsync {sync:.3f} steps/s, {args.mode} {fast:.3f} steps/s: ratio {fast / sync:.2f}x "
-          f"(medians of {args.rounds} runs each)")
+          f"(medians of {args.rounds} runs each); median of the rounds' ratios {paired:.2f}x")
     print(f"load average (1 min) before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; machine: {machine()}")
     print("config:", " ".join(base))
 

@@ -64,6 +64,8 @@ class RunPhases:
                     update_guard: AbstractAsyncContextManager) -> int | None:
         self.run.roles.set_step(step)
         version = await train_on(self.ctx, batch.data, step, metrics, update_guard)
+        if version is not None:  # export the new version now, while the actor is idle: the producer's
+            await self.run.roles.actor.weights_version()  # sync then does not queue behind the next log-probs
         metrics.update(perf_metrics(batch.data, self.t_last))  # since the last step's end, waits included
         return version
 
