@@ -10,7 +10,7 @@ every update) and once colocated (the actor generates on its own
 weights). Prints, per run, the per-step `training/rollout_probs_diff_max` (how far the
 rollout's token probabilities are from the actor's recomputation; a stale or mis-synced
 rollout shows ~0.1-1) and the weight-sync metrics, and fails unless the standalone run's is as
-small as the colocated run's (both below 1e-4). On a GPU machine add e.g.
+small as the colocated run's (at most 1.5x it, or below 1e-4: fp32 on CPU gives ~1e-6, bf16 more). On a GPU machine add e.g.
 `actor_rollout_ref.actor.megatron.dtype=bfloat16`.
 """
 from __future__ import annotations
@@ -39,8 +39,9 @@ def run(mode: str, a, out: str) -> list[dict]:
         "actor_rollout_ref.actor.ppo_mini_batch_size=2", "data.builtin_train_size=200", "data.builtin_val_size=8",
         "trainer.logger=[console,jsonl]", "services.startup_timeout_s=600", *a.overrides]
     t0 = time.time()
+    pythonpath = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # keep the caller's (GPU wheels)
     proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides], cwd=ROOT, capture_output=True,
-                          text=True, env=dict(os.environ, PYTHONPATH=ROOT))
+                          text=True, env=dict(os.environ, PYTHONPATH=pythonpath), check=False)
     if proc.returncode:
         sys.exit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     (path,) = glob.glob(os.path.join(out, f"{mode}-*", "metrics.jsonl"))
@@ -54,6 +55,8 @@ def run(mode: str, a, out: str) -> list[dict]:
     for e in syncs:
         print(f"  sync to version {e['version']}: {e['transport']}, {e['bytes'] / 1e9:.3f} GB in {e['seconds']:.3f} s "
               f"(transfer {e['transfer_s']:.3f} s)")
+    print(f"  rollout_probs_diff_max per step: {[round(m['training/rollout_probs_diff_max'], 6) for m in steps]}",
+          flush=True)
     return steps
 
 
@@ -87,8 +90,9 @@ def main() -> int:
               f"| {s['weight_sync/bytes'] / 1e9:.3f} GB | {s['timing_s/weight_sync']:.2f} s "
               f"| {s['perf/weight_sync_gbps']:.2f} | {s['rollout/weights_version']:.0f} |")
     worst = max(m["training/rollout_probs_diff_max"] for m in standalone)
-    ok = worst < 1e-4 and all(m["weight_sync/bytes"] > a.min_bytes for m in standalone)
-    print(f"\nstandalone max rollout_probs_diff_max {worst:.3g}: {'OK' if ok else 'FAILED'}")
+    bound = max(1e-4, 1.5 * max(m["training/rollout_probs_diff_max"] for m in colocated))  # bf16: the colocated's
+    ok = worst <= bound and all(m["weight_sync/bytes"] > a.min_bytes for m in standalone)
+    print(f"\nstandalone max rollout_probs_diff_max {worst:.3g} (bound {bound:.3g}): {'OK' if ok else 'FAILED'}")
     return 0 if ok else 1
 
 
