@@ -1,7 +1,7 @@
 """Learning is not lost to asynchrony: held-out accuracy of sync and async RL from one SFT warm start.
 
     python bench/async_learning.py [--out runs/bench_async_learning] [--steps 120] [--seeds 1 2 3]
-                                   [--mode one_step_off] [--write-results] [key=value ...]
+                                   [--mode one_step_off] [--warm-start DIR] [--write-results] [key=value ...]
 
 1. One SFT warm start (`tandem run trainer.total_training_steps=0`, the default SFT), its policy
    exported as a Hugging Face directory (as bench/algorithms.py does).
@@ -42,15 +42,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--mode", default="one_step_off", choices=["one_step_off", "fully_async"])
+    p.add_argument("--warm-start", help="an exported SFT policy (a previous call's OUT/sft_hf) instead of a new SFT")
     p.add_argument("--write-results", action="store_true")
     p.add_argument("overrides", nargs="*", help="dotted keys for every run (the SFT run too)")
     a = p.parse_args()
     out, t0 = os.path.abspath(a.out), time.time()
     start = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}
-    sft_dir = tandem_run(["trainer.total_training_steps=0", *a.overrides], out, "sft")
-    hf_dir = os.path.join(out, "sft_hf")
-    subprocess.run([sys.executable, "-m", "services.actor.export",
-                    os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
+    hf_dir = a.warm_start or os.path.join(out, "sft_hf")
+    if not a.warm_start:
+        sft_dir = tandem_run(["trainer.total_training_steps=0", *a.overrides], out, "sft")
+        subprocess.run([sys.executable, "-m", "services.actor.export",
+                        os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
     rows = []
     for seed in a.seeds:
         row = {"seed": seed}
