@@ -55,7 +55,7 @@ def one_run(overrides: list[str], workdir: str, name: str) -> dict:
             "staleness": statistics.mean(m.get("async/staleness_mean", 0.0) for m in steps),
             "dropped": max((m.get("async/dropped_batches", 0.0) for m in steps), default=0.0),
             "gen_s": statistics.median(m["timing_s/gen"] for m in steps),
-            "update_s": statistics.median(m["timing_s/update_actor_critic"] for m in steps),
+            "update_s": statistics.median(m["timing_s/update_actor"] for m in steps),
             "sync_s": statistics.mean(syncs) if (syncs := [m["timing_s/weight_sync"] for m in steps
                                                            if "timing_s/weight_sync" in m]) else 0.0,
             "producer_idle_s": statistics.mean(m.get("async/producer_idle_s", 0.0) for m in steps),

@@ -58,7 +58,7 @@ from tandem.generation.sampling import SamplingParams  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402
 from tandem.v1 import data_pb2  # noqa: E402
 
-PHASES = ["gen", "reward_logprob_values", "adv", "update_actor_critic"]
+PHASES = ["gen", "reward", "old_log_prob", "adv", "update_actor"]  # verl's timing_s/* names (controller/step.py)
 CHECK_KEYS = ["critic/score/mean", "response_length/mean", "actor/pg_loss"]
 
 
@@ -246,7 +246,7 @@ def report(res: dict, cfg, overrides: list[str], blocks: int, steps: int, argv: 
     codec_s = sum(t for t, _ in res["trips"]) / n
     wire = sum(b for _, b in res["trips"]) / n
     a = cfg.actor_rollout_ref
-    ph = {m: {p: statistics.mean(x[f"timing_s/{p}"] for x in res["metrics"][m]) for p in PHASES}
+    ph = {m: {p: statistics.mean(x.get(f"timing_s/{p}", 0.0) for x in res["metrics"][m]) for p in PHASES}
           for m in ("grpc", "inproc")}
     same = {k: max(abs(x.get(k, 0.0) - y.get(k, 0.0)) for x, y in zip(res["metrics"]["grpc"], res["metrics"]["inproc"]))
             for k in CHECK_KEYS}

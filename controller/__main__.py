@@ -35,14 +35,16 @@ def main(argv=None) -> int:
     overrides = list(ns.args)
     if overrides and "=" not in overrides[0]:
         config_path = overrides.pop(0)
-    from tandem.config import ConfigError, load_config
+    from tandem.config import ConfigError, load_config_with_notices
     from tandem.logging import configure_logging
 
     try:
-        cfg = load_config(config_path, overrides)
+        cfg, taken = load_config_with_notices(config_path, overrides)
     except (ConfigError, FileNotFoundError) as e:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
+    for notice in taken.notices:  # what each verl key Tandem maps became
+        print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
     from controller.reward_calls import RewardFailure
     from controller.run import run

@@ -95,10 +95,8 @@ class AsyncLoop:
             async with self.rollout_lock:
                 self.idle["producer"] += time.perf_counter() - t0
                 metrics = await self._sync_if_due()
-                t_gen = time.perf_counter()
-                data, gen_metrics = await self.phases.generate(drawn)
+                data, gen_metrics = await self.phases.generate(drawn)  # timing_s/gen among them
                 metrics.update(gen_metrics)
-                metrics[M.TIMING_GEN] = time.perf_counter() - t_gen
                 version = self.rollout_version
             await self.queue.put(StampedBatch(drawn, data, version, metrics))
 

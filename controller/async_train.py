@@ -24,7 +24,7 @@ from controller import checkpointing
 from controller.async_loop import AsyncLoop, Bounds
 from controller.batch_queue import Drawn, StampedBatch
 from controller.data import collate
-from controller.step import StepContext, perf_metrics, rollout_and_score, train_on
+from controller.step import StepContext, nothing_to_train, perf_metrics, rollout_and_score, train_on
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
@@ -54,7 +54,9 @@ class RunPhases:
         return collate([self.run.train[i] for i in indices], self.run.tokenizer.pad_token_id)
 
     async def generate(self, drawn: Drawn) -> tuple[DataProto, dict[str, float]]:
-        return await rollout_and_score(self.ctx, lambda k: self.draw(drawn, k), drawn.seq)
+        metrics: dict[str, float] = {}  # timing_s/gen and timing_s/reward
+        gen, sampling_metrics = await rollout_and_score(self.ctx, lambda k: self.draw(drawn, k), drawn.seq, metrics)
+        return gen, {**metrics, **sampling_metrics}
 
     async def sync(self) -> tuple[int, dict[str, float]]:
         metrics = await self.run.roles.sync_rollout()
@@ -63,10 +65,12 @@ class RunPhases:
     async def train(self, batch: StampedBatch, step: int, metrics: dict[str, float],
                     update_guard: AbstractAsyncContextManager) -> int | None:
         self.run.roles.set_step(step)
+        if nothing_to_train(batch.data, step, metrics):
+            return None
         version = await train_on(self.ctx, batch.data, step, metrics, update_guard)
         if version is not None:  # export the new version now, while the actor is idle: the producer's
             await self.run.roles.actor.weights_version()  # sync then does not queue behind the next log-probs
-        metrics.update(perf_metrics(batch.data, self.t_last))  # since the last step's end, waits included
+        metrics.update(perf_metrics(batch.data, self.t_last, self.ctx.n_gpus))  # since the last step's end, waits included
         return version
 
 

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import os
 import time
+from dataclasses import asdict
 
 from controller import checkpointing
 from controller.async_train import train_async
-from controller.data import Cursor, collate, load_examples
+from controller.data import Cursor, collate, load_split, with_epoch_steps
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
 from controller.roles import Roles, attach_endpoints, connect, needed_roles
@@ -37,6 +38,7 @@ from tandem.algos.kl import get_kl_controller
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
+from tandem.tokenizer import load_tokenizer
 
 _log = get_logger("controller.run")
 
@@ -81,15 +83,14 @@ class Run:
 
     def __init__(self, cfg: TandemConfig, run_dir: str, resume_from: str | None = None,
                  started: float | None = None):
-        from transformers import AutoTokenizer
-
-        self.cfg, self.run_dir, self.resume_from = cfg, run_dir, resume_from
+        self.run_dir, self.resume_from = run_dir, resume_from
         self.started = time.time() if started is None else started
         self.run_id = os.path.basename(run_dir)
-        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
+        self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
         d, k = cfg.data, cfg.algorithm.kl_ctrl
-        self.train = load_examples(d.train_files, self.tokenizer, d.max_prompt_length)
-        self.val = load_examples(d.val_files, self.tokenizer, d.max_prompt_length) if d.val_files else []
+        self.train = load_split(d, "train", self.tokenizer)
+        self.val = load_split(d, "val", self.tokenizer)
+        self.cfg = cfg = with_epoch_steps(cfg, len(self.train))  # verl's trainer.total_epochs
         # Stateful parts (controller_state.json)
         self.cursor = Cursor(len(self.train), seed=d.seed, shuffle=d.shuffle)
         self.kl_ctrl = get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon)
@@ -137,7 +138,7 @@ class Run:
             os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
             hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}, cfg=self.cfg))
         self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
-                                 t.experiment_name)
+                                 t.experiment_name, config=asdict(self.cfg))
         try:
             self.roles = await self._connect(launcher)
             await (self._restore() if self.resume_from else self._warm_start())
@@ -230,7 +231,11 @@ class Run:
                                      self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
-        return await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step)
+        samples = [] if self.cfg.trainer.log_val_generations else None
+        metrics = await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step, samples)
+        if samples:
+            self.tracking.log_generations(samples, step)
+        return metrics
 
     async def _save(self) -> str:
         return await checkpointing.save(self.roles, self.run_dir, self.state_dict())

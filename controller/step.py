@@ -7,7 +7,10 @@
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
 
-Each phase is timed as `timing_s/<phase>`; then verl's data metrics and throughput.
+Timings carry verl's names (`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,
+update_actor,update_weights,step}`); the calls of a phase that run concurrently (old log-probs,
+reference and values; actor and critic updates) are each timed on their own, so they overlap.
+Then verl's data metrics and `perf/{total_num_tokens,time_per_step,throughput}`.
 
 Deliberately not here: decoding and scoring details (controller/scoring.py), the math
 (tandem/algos/), validation, checkpoints and the loop over steps (controller/run.py).
@@ -57,6 +60,13 @@ class StepContext:
         return self.cfg.algorithm.adv_estimator == "gae"
 
     @property
+    def n_gpus(self) -> int:
+        """Devices the step runs on (verl's n_gpus): the largest model service, as roles share them."""
+        s, standalone = self.cfg.services, self.cfg.actor_rollout_ref.rollout.mode == "standalone"
+        return max(s.actor.world_size, s.critic.world_size if self.use_critic else 1,
+                   s.rollout.world_size if standalone else 1)
+
+    @property
     def need_ref(self) -> bool:
         return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
 
@@ -82,10 +92,19 @@ class Advantages:
 
 
 @contextmanager
-def timed(metrics: dict, name: str):
+def timed(metrics: dict, key: str):
+    """Add the block's wall-clock seconds to metrics[key] (a phase run several times adds up)."""
     t0 = time.perf_counter()
     yield
-    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
+
+
+async def _timed(coro, metrics: dict, key: str):
+    """Await `coro` (None: nothing), timing it as metrics[key]."""
+    if coro is None:
+        return None
+    with timed(metrics, key):
+        return await coro
 
 
 async def _maybe(coro):
@@ -97,40 +116,45 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     (DAPO dynamic sampling may take several batches in one step)."""
     metrics: dict[str, float] = {}
     t_step = time.perf_counter()
-    with timed(metrics, "gen"):
-        gen, sampling_metrics = await rollout_and_score(ctx, prompts, step)
-        metrics.update(sampling_metrics)
+    gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics)
+    metrics.update(sampling_metrics)
+    if nothing_to_train(gen, step, metrics):
+        metrics[M.TIMING_STEP] = time.perf_counter() - t_step
+        return metrics
     version = await train_on(ctx, gen, step, metrics)
-    if version is not None:
-        # standalone: the rollout pulls the new version (timing_s/weight_sync); colocated: nothing to do
-        metrics.update(await ctx.roles.sync_rollout(version))
-        metrics.update(perf_metrics(gen, t_step))
-    else:
-        metrics["timing_s/step"] = time.perf_counter() - t_step
+    if ctx.roles.standalone_rollout and version is not None:  # colocated: the rollout uses the actor's weights
+        with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
+            metrics.update(await ctx.roles.sync_rollout(version))
+    metrics.update(perf_metrics(gen, t_step, ctx.n_gpus))
     return metrics
+
+
+def nothing_to_train(gen: DataProto, step: int, metrics: dict[str, float]) -> bool:
+    """Count the rows that could not be scored; True when none is left (reward_model.on_failure=drop
+    dropped every row) and the step trains on nothing."""
+    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
+    if len(gen) == 0:
+        _log.warning("step.skipped", step=step, reason="no row could be scored")
+    return len(gen) == 0
 
 
 async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
                    update_guard: AbstractAsyncContextManager | None = None) -> int | None:
-    """Phases 2-4 on a scored batch, its metrics added to `metrics` -> the actor's weights version
-    after the update (None: no row could be scored, nothing trained). `update_guard` is held
-    around the update (the asynchronous loop keeps weight syncs out of it)."""
-    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
-    if len(gen) == 0:  # reward_model.on_failure=drop dropped every row: nothing to train on
-        _log.warning("step.skipped", step=step, reason="no row could be scored")
-        return None
+    """Phases 2-4 on a scored batch with rows, its metrics added to `metrics` -> the actor's weights
+    version after its update (None: the actor did not update, trainer.critic_warmup). `update_guard`
+    is held around the update (the asynchronous loop keeps weight syncs out of it)."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
-    with timed(metrics, "reward_logprob_values"):
-        lp = await log_probs_and_values(ctx, seq)
-    with timed(metrics, "adv"):
+    lp = await log_probs_and_values(ctx, seq, metrics)
+    with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
     metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
-    with timed(metrics, "update_actor_critic"):
-        async with update_guard or nullcontext():
-            update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
+    if step <= ctx.cfg.trainer.critic_warmup:  # verl: the critic learns first, the policy waits
+        actor_batch = None
+    async with update_guard or nullcontext():
+        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, metrics)
     metrics.update(update_metrics)
     metrics.update(data_metrics(ctx, gen, lp, adv))
     return version
@@ -138,27 +162,31 @@ async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[st
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
 
-async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int) -> tuple[DataProto, dict[str, float]]:
-    """The step's scored generations, and DAPO's counts when dynamic sampling is on."""
-    cfg = ctx.cfg
+async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int,
+                            timings: dict | None = None) -> tuple[DataProto, dict[str, float]]:
+    """The step's scored generations, and DAPO's counts when dynamic sampling is on (`timings`
+    gets timing_s/gen and timing_s/reward, summed over DAPO's rounds)."""
+    cfg, timings = ctx.cfg, {} if timings is None else timings
     seed = cfg.trainer.seed * 1_000_003 + step
     if cfg.algorithm.filter_groups.enable:
-        return await collect_varied_groups(lambda batch, i: generate_and_score(ctx, batch, seed + 7919 * i),
+        return await collect_varied_groups(lambda batch, i: generate_and_score(ctx, batch, seed + 7919 * i, timings),
                                            prompts, cfg, ctx.tokenizer.pad_token_id)
     batch = prompts(cfg.data.train_batch_size) if callable(prompts) else prompts
-    return await generate_and_score(ctx, batch, seed), {}
+    return await generate_and_score(ctx, batch, seed, timings), {}
 
 
-async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int) -> DataProto:
+async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, timings: dict | None = None) -> DataProto:
     """n samples per prompt (rows prompt-major), scored. Adds per-row tensors `acc` (the
     verifier's score), `seq_reward` (acc + overlong penalty) and, for ReMax,
     `reward_baselines` (the shaped score of a greedy response to the same prompt). Rows that
     could not be scored fail the step or leave with their prompt group
     (reward_model.on_failure, controller/reward_calls.py); meta `reward_failed_rows` counts them."""
-    roles, cfg, tokenizer = ctx.roles, ctx.cfg, ctx.tokenizer
+    roles, cfg, tokenizer, timings = ctx.roles, ctx.cfg, ctx.tokenizer, {} if timings is None else timings
     r, max_new = cfg.actor_rollout_ref.rollout, cfg.data.max_response_length
-    gen = await roles.rollout.generate_sequences(
-        prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=seed)
+    with timed(timings, M.TIMING_GEN):
+        gen = await roles.rollout.generate_sequences(
+            prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            seed=seed)
 
     async def greedy_baseline() -> tuple[RowScores, torch.Tensor]:
         base = await roles.rollout.generate_sequences(prompts, max_new_tokens=max_new, n=1, greedy=True)
@@ -166,8 +194,9 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int) ->
         return scored, scoring.shaped_scores(scored.scores, base["response_mask"], cfg)
 
     remax = cfg.algorithm.adv_estimator == "remax"
-    scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
-                                            _maybe(greedy_baseline() if remax else None))
+    with timed(timings, M.TIMING_REWARD):  # ReMax's greedy baseline rollout is scored meanwhile
+        scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
+                                                _maybe(greedy_baseline() if remax else None))
     failures = dict(scored.failures)
     if remax:  # a prompt without a baseline cannot be trained on either
         failures.update({p * r.n + i: f"ReMax baseline: {why}" for p, why in baseline[0].failures.items()
@@ -192,12 +221,13 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 
 # ---- phase 2: log-probs and values ----------------------------------------------------------
 
-async def log_probs_and_values(ctx: StepContext, seq: DataProto) -> LogProbs:
-    actor, critic = ctx.roles.actor, ctx.roles.critic
+async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None) -> LogProbs:
+    """Old and reference log-probs and values, concurrently (each timed on its own)."""
+    actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
     old, ref, values = await asyncio.gather(
-        actor.compute_log_prob(seq),
-        _maybe(actor.compute_ref_log_prob(seq) if ctx.need_ref else None),
-        _maybe(critic.compute_values(seq) if ctx.use_critic else None))
+        _timed(actor.compute_log_prob(seq), timings, M.TIMING_OLD_LOG_PROB),
+        _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
+        _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
     return LogProbs(old, ref, values)
 
 
@@ -243,12 +273,18 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
     return train, critic
 
 
-async def update_actor_critic(roles: Roles, actor_batch: DataProto,
-                              critic_batch: DataProto | None) -> tuple[dict[str, float], int]:
-    """-> (the actor's and critic's metrics, the actor's weights version after its update)."""
-    (actor_metrics, version), critic_metrics = await asyncio.gather(
-        roles.actor.update_actor(actor_batch),
-        _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
+async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, critic_batch: DataProto | None,
+                              timings: dict | None = None) -> tuple[dict[str, float], int | None]:
+    """The actor's and the critic's updates, concurrently (each timed on its own); a None batch: no
+    update of that role (no critic, or trainer.critic_warmup) -> (their metrics, the actor's
+    weights version after its update, None when it did not update)."""
+    timings = {} if timings is None else timings
+    actor_out, critic_metrics = await asyncio.gather(
+        _timed(roles.actor.update_actor(actor_batch) if actor_batch is not None else None, timings,
+               M.TIMING_UPDATE_ACTOR),
+        _timed(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
+               M.TIMING_UPDATE_CRITIC))
+    actor_metrics, version = actor_out if actor_out else ({}, None)
     return {**actor_metrics, **(critic_metrics or {})}, version
 
 
@@ -265,8 +301,10 @@ def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages
                                   max_response_length=ctx.cfg.data.max_response_length)
 
 
-def perf_metrics(gen: DataProto, t_step: float) -> dict[str, float]:
-    """timing_s/step (since `t_step`), tokens in the batch and tokens per second."""
+def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:
+    """timing_s/step and perf/time_per_step (since `t_step`), tokens in the batch, and verl's
+    throughput: tokens per second per device."""
     step_s = time.perf_counter() - t_step
     tokens = float(gen["attention_mask"].sum())
-    return {"timing_s/step": step_s, "perf/total_num_tokens": tokens, "perf/throughput": tokens / step_s}
+    return {M.TIMING_STEP: step_s, M.PERF_TIME_PER_STEP: step_s, M.PERF_TOTAL_NUM_TOKENS: tokens,
+            M.PERF_THROUGHPUT: tokens / (step_s * n_gpus)}

@@ -20,7 +20,8 @@ def serve_rules(args) -> None:
     thread = WorkerThread("reward")
     try:
         run_server(serve([(SERVICE, RewardServicer(scorer, thread))], role="reward", host=args.host,
-                         port=args.port, port_file=args.port_file, security=args.security))
+                         port=args.port, port_file=args.port_file, security=args.security,
+                         metrics_port=args.metrics_port))
     finally:
         thread.shutdown(wait=False)
         scorer.close()

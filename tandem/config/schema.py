@@ -209,8 +209,15 @@ class AlgorithmConfig:
 
 @dataclass
 class DataConfig:
-    train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
-    val_files: Optional[str] = None
+    train_files: Any = None  # a parquet/jsonl file in verl's schema, or a list of them; None = built-in task
+    val_files: Any = None
+    prompt_key: str = "prompt"  # the column with the chat messages (or a plain string)
+    reward_fn_key: str = "data_source"  # the column that picks the reward rule
+    filter_overlong_prompts: bool = True  # drop prompts over max_prompt_length; false: apply `truncation`
+    truncation: str = "error"  # error | left | right | middle: an overlong prompt when not filtered
+    train_max_samples: int = -1  # use the first N rows only (-1: all)
+    val_max_samples: int = -1
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
     train_batch_size: int = 128  # prompts per step
     gen_batch_size: Optional[int] = None  # prompts per generation round with filter_groups (None = train_batch_size)
     max_prompt_length: int = 16
@@ -234,9 +241,12 @@ class SftConfig:
 class TrainerConfig:
     project_name: str = "tandem"
     experiment_name: str = "arithmetic_grpo"
-    total_training_steps: int = 120
+    total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
+    total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
+    critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
+    log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
-    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
     save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
     resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
@@ -285,6 +295,7 @@ class ServiceEndpoint:
     tls: TLSConfig = field(default_factory=TLSConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     ray: RayPlacement = field(default_factory=RayPlacement)
+    metrics_port: Optional[int] = None  # Prometheus /metrics of the service (rank 0, 127.0.0.1); 0 = any free port
 
 
 @dataclass

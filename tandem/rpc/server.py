@@ -17,8 +17,9 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
 SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
-atomically once SERVING (removed at stop), per-RPC logs and optional
-Prometheus metrics via `tandem.rpc.interceptors` (on 127.0.0.1 only). TLS and bearer tokens
+atomically once SERVING (removed at stop), per-RPC logs, optional
+Prometheus metrics via `tandem.rpc.interceptors` (`metrics_port`, on 127.0.0.1 only), and gRPC
+server reflection (grpcurl can list and describe every service). TLS and bearer tokens
 come from `security` (tandem/rpc/security.py, auth.py, tls.py). Servicer methods are
 `async def M(self, request, context)`; model work belongs on a
 `WorkerThread`, never on the loop.
@@ -35,6 +36,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from tandem.logging import get_logger
 from tandem.metrics import RpcMetrics, start_metrics_server
@@ -158,6 +160,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_generic_rpc_handlers([_generic_handler(name, obj) for name, obj in servicers])
+    # reflection (grpcurl list/describe): the services, health, reflection itself, from the proto pool
+    reflection.enable_server_reflection([*names[1:], health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{role}: could not bind {host}:{port}")

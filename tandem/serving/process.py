@@ -48,6 +48,7 @@ class ServiceArgs:
     master_addr: str | None = None
     master_port: int | None = None
     security: EndpointSecurity = PLAINTEXT  # TLS and token of this service's port (services.<role>.tls/.auth)
+    metrics_port: int | None = None  # Prometheus /metrics on rank 0 (0: any free port, logged)
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
@@ -58,6 +59,8 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
     p.add_argument("--run-id", default=os.environ.get("TANDEM_RUN_ID"))
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port "
+                   f"(default: services.{role}.metrics_port; 0 = any free port)")
     p.add_argument("--rank", type=int, help="this process's rank when every rank is started separately "
                                             "(by hand or by the Ray launcher); omit it to start all ranks here")
     p.add_argument("--master-addr", default=os.environ.get("MASTER_ADDR"),
@@ -72,8 +75,9 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
         security = EndpointSecurity.from_section(section, f"services.{role}")
     except ValueError as e:
         p.error(str(e))
+    metrics_port = a.metrics_port if a.metrics_port is not None else section.metrics_port
     return ServiceArgs(cfg, a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
-                       a.rank, a.master_addr, a.master_port, security)
+                       a.rank, a.master_addr, a.master_port, security, metrics_port)
 
 
 def _env_int(name: str) -> int | None:
@@ -150,12 +154,12 @@ def _die_with_parent() -> None:
 
 
 def load_tokenizer(cfg: TandemConfig):
-    from transformers import AutoTokenizer
+    from tandem.tokenizer import load_tokenizer as load
 
     path = cfg.actor_rollout_ref.model.tokenizer_path
     if not path:
         raise ValueError("actor_rollout_ref.model.tokenizer_path must be set (the controller sets it)")
-    return AutoTokenizer.from_pretrained(path)
+    return load(path)
 
 
 def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
@@ -171,7 +175,7 @@ def serve_group(role: str, args: ServiceArgs, group, servicers) -> None:
     thread = WorkerThread(role)
     try:
         run_server(serve(servicers(thread), role=role, host=args.host, port=args.port, port_file=args.port_file,
-                         security=args.security))
+                         security=args.security, metrics_port=args.metrics_port))
     finally:
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         group.stop()

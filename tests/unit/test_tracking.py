@@ -18,8 +18,8 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def test_unknown_logger_lists_known(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"\['wandb'\].*console.*jsonl.*tensorboard"):
-        Tracking(str(tmp_path), ["jsonl", "wandb"], total_steps=3)
+    with pytest.raises(ValueError, match=r"\['neptune'\].*console.*jsonl.*tensorboard"):
+        Tracking(str(tmp_path), ["jsonl", "neptune"], total_steps=3)
 
 
 def test_jsonl_lines_read_back_equal(tmp_path) -> None:
