@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict
 
 from controller import checkpointing
+from controller.async_train import train_async
 from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
 from controller.data import Cursor, collate, load_split, with_epoch_steps
 from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
@@ -260,6 +261,8 @@ class Run:
     async def _train(self) -> None:
         """The RL steps after the last one done, with validation and checkpoints on their cadence."""
         t = self.cfg.trainer
+        if self.cfg.async_training.mode != "sync":  # generation overlapping training
+            return await train_async(self)
         ctx = StepContext(self.roles, self.cfg, self.tokenizer, self.kl_ctrl)
         t0 = time.time()
         self.completed_state = self.state_dict()

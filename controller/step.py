@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -128,11 +128,31 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     t_step = time.perf_counter()
     gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics)
     metrics.update(sampling_metrics)
-    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
-    if len(gen) == 0:  # reward_model.on_failure=drop dropped every row: nothing to train on
-        _log.warning("step.skipped", step=step, reason="no row could be scored")
+    if nothing_to_train(gen, step, metrics):
         metrics[M.TIMING_STEP] = time.perf_counter() - t_step
         return metrics
+    version = await train_on(ctx, gen, step, metrics)
+    if ctx.roles.standalone_rollout and version is not None:  # colocated: the rollout uses the actor's weights
+        with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
+            metrics.update(await ctx.roles.sync_rollout(version))
+    metrics.update(perf_metrics(gen, t_step, ctx.n_gpus))
+    return metrics
+
+
+def nothing_to_train(gen: DataProto, step: int, metrics: dict[str, float]) -> bool:
+    """Count the rows that could not be scored; True when none is left (reward_model.on_failure=drop
+    dropped every row) and the step trains on nothing."""
+    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
+    if len(gen) == 0:
+        _log.warning("step.skipped", step=step, reason="no row could be scored")
+    return len(gen) == 0
+
+
+async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
+                   update_guard: AbstractAsyncContextManager | None = None) -> int | None:
+    """Phases 2-4 on a scored batch with rows, its metrics added to `metrics` -> the actor's weights
+    version after its update (None: the actor did not update, trainer.critic_warmup). `update_guard`
+    is held around the update (the asynchronous loop keeps weight syncs out of it)."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
     # on-policy: the update's own forward gives the old log-probs (not while the critic warms up)
@@ -144,15 +164,12 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
     if step <= ctx.cfg.trainer.critic_warmup:  # verl: the critic learns first, the policy waits
         actor_batch = None
-    update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp, metrics)
+    async with update_guard or nullcontext():
+        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp, metrics)
     metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     metrics.update(update_metrics)
-    if ctx.roles.standalone_rollout and actor_batch is not None:  # colocated: the rollout uses the actor's weights
-        with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
-            metrics.update(await ctx.roles.sync_rollout(version))
     metrics.update(data_metrics(ctx, gen, lp, adv))
-    metrics.update(perf_metrics(gen, t_step, ctx.n_gpus))
-    return metrics
+    return version
 
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------

@@ -117,6 +117,17 @@ WEIGHT_SYNC_GBPS = _define("perf/weight_sync_gbps", "weight_sync/bytes / timing_
 ROLLOUT_WEIGHTS_VERSION = _define(
     "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
 
+# ---- asynchronous training (controller/async_loop.py) -----------------------------
+ASYNC_STALENESS_MEAN = _define(
+    "async/staleness_mean", "mean over the step's trained rows of (actor version at the update - version that generated it)")
+ASYNC_STALENESS_MAX = _define("async/staleness_max", "max over the step's trained rows of the same staleness")
+ASYNC_BATCH = _define("async/batch", "the number of the batch the step trained on (its prompts' place in the data order)")
+ASYNC_QUEUE_DEPTH = _define("async/queue_depth", "scored batches waiting in the queue when the step took its batch")
+ASYNC_PRODUCER_IDLE = _define(
+    "async/producer_idle_s", "seconds since the last step the producer waited (batches ahead, staleness bound, an update)")
+ASYNC_CONSUMER_IDLE = _define("async/consumer_idle_s", "seconds since the last step the consumer waited for a batch")
+ASYNC_DROPPED_BATCHES = _define("async/dropped_batches", "stale batches not trained on since the run began (cumulative)")
+
 # ---- throughput and resources ---------------------------------------------------
 PERF_TOTAL_NUM_TOKENS = _define("perf/total_num_tokens", "prompt + response tokens processed in the step")
 PERF_TIME_PER_STEP = _define("perf/time_per_step", "seconds for the step (same as timing_s/step)")

@@ -322,6 +322,18 @@ class ServicesConfig:
     rpc_timeout_s: float = 600.0
 
 
+ASYNC_MODES = ("sync", "one_step_off", "fully_async")  # async_training.mode (controller/async_loop.py)
+ON_STALE = ("wait", "drop", "regenerate")  # async_training.on_stale
+
+
+@dataclass
+class AsyncTrainingConfig:  # generation overlapping training (verl: the fully-async recipe's async_training)
+    mode: str = "sync"  # sync | one_step_off (staleness 1, one batch ahead) | fully_async (the keys below)
+    staleness_threshold: int = 1  # max weight versions between a batch's generation and its update (verl: a fraction)
+    max_inflight_batches: int = 2  # fully_async: batches generated ahead of the one being trained
+    on_stale: str = "wait"  # wait: no batch is started that would be stale; drop | regenerate a stale one
+
+
 @dataclass
 class TandemConfig:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -332,3 +344,4 @@ class TandemConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     services: ServicesConfig = field(default_factory=ServicesConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)

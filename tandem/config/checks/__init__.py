@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tandem.config.checks.actor import check_actor, check_tis
 from tandem.config.checks.algorithm import check_algorithm, check_dapo
+from tandem.config.checks.async_training import check_async_training
 from tandem.config.checks.files import check_model_files
 from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.placement import check_placement
@@ -27,7 +28,7 @@ from tandem.config.schema import TandemConfig
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
-          check_model_files, check_sft)
+          check_model_files, check_sft, check_async_training)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:
