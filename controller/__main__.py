@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
 
 SERVICE_COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")  # controller/service/cli.py
@@ -64,6 +66,9 @@ def main(argv=None) -> int:
     from controller.reward_calls import RewardFailure
     from controller.run import run
 
+    # SIGTERM (kill, docker stop, a batch scheduler) stops the run as Ctrl-C does: asyncio cancels
+    # it and the launcher's cleanup stops the services it started, instead of leaving them running
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
         summary = asyncio.run(run(cfg))
     except KeyboardInterrupt:
