@@ -265,7 +265,8 @@ def compute_advantages(ctx: StepContext, gen: DataProto, lp: LogProbs) -> tuple[
         reward_baselines=gen.tensors.get("reward_baselines"),
         gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
     check_finite({"seq_reward (the reward service's scores)": gen["seq_reward"],
-                  "old_log_probs (the actor)": lp.old["old_log_probs"],
+                  # on-policy: no old log-probs yet (the update's own forward gives them)
+                  **({"old_log_probs (the actor)": lp.old["old_log_probs"]} if lp.old is not None else {}),
                   **({"ref_log_prob (the actor's reference)": lp.ref["ref_log_prob"]} if lp.ref is not None else {}),
                   **({"values (the critic)": lp.values["values"]} if lp.values is not None else {}),
                   "token_level_rewards": rewards, "advantages": advantages, "returns": returns}, mask)
