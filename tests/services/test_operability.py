@@ -55,10 +55,13 @@ def test_metrics_are_scraped_while_serving(tmp_path, how):
             time.sleep(0.1)
         with grpc.insecure_channel(f"127.0.0.1:{int(port_file.read_text())}") as channel:
             score = channel.unary_unary("/tandem.v1.RewardService/Score")
-            with pytest.raises(grpc.RpcError) as e:  # an empty request: refused, and counted
+            with pytest.raises(grpc.RpcError) as e:  # refused, and counted
                 score(b"", timeout=30)
-            assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        counted = re.compile(r'tandem_rpc_total\{(?=[^}]*code="INVALID_ARGUMENT")(?=[^}]*Score)[^}]*role="reward"'
+            # the flag alone starts a long-lived service holding no run (FAILED_PRECONDITION); a
+            # config override configures it at start, and the empty request is INVALID_ARGUMENT
+            want = grpc.StatusCode.FAILED_PRECONDITION if how == "flag" else grpc.StatusCode.INVALID_ARGUMENT
+            assert e.value.code() == want
+        counted = re.compile(rf'tandem_rpc_total\{{(?=[^}}]*code="{want.name}")(?=[^}}]*Score)[^}}]*role="reward"'
                              r'[^}]*\} 1\.0')
         deadline = time.monotonic() + 20  # the interceptor counts the call after its answer is sent
         while True:
