@@ -22,15 +22,15 @@ def test_sigterm_mid_run_stops_the_services(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        pids: set[int] = set()
-        while time.monotonic() < deadline and proc.poll() is None:
+        roles: dict[str, set[int]] = {}
+        while time.monotonic() < deadline and proc.poll() is None and not roles:
             metrics = list(pathlib.Path(tmp_path).glob("sigterm-*/metrics.jsonl"))
             if metrics and metrics[0].stat().st_size > 0:  # RL has started: every service is up
-                pids = {p for role in service_pids(metrics[0].parent).values() for p in role}
-                break
+                roles = service_pids(metrics[0].parent)
             time.sleep(0.5)
-        assert proc.poll() is None and _alive(pids) and {"actor", "reward"} <= set(
-            service_pids(metrics[0].parent)), "the run should be running with its services"  # control
+        pids = {p for role in roles.values() for p in role}
+        # control: the run is still running, with its services
+        assert proc.poll() is None and {"actor", "reward"} <= set(roles) and _alive(pids), roles
         os.kill(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
