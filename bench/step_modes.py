@@ -77,7 +77,8 @@ async def timed_step(ctx: StepContext, prompts: DataProto, step: int, pids: list
     """-> (wall seconds, the step's metrics + "bench/cpu_s": CPU seconds of this process and the
     services `pids` during it)."""
     c0, t0 = cpu_seconds(pids), time.perf_counter()
-    metrics = await ppo_step(ctx, prompts, step)
+    # a run's steps count from 1: step 0 would be a critic warm-up step (no actor update)
+    metrics = await ppo_step(ctx, prompts, step + 1)
     dt = time.perf_counter() - t0
     return dt, {**metrics, "bench/cpu_s": cpu_seconds(pids) - c0}
 
