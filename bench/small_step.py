@@ -103,12 +103,18 @@ class ModulesUpdate:
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=actor.optim.lr, betas=tuple(actor.optim.betas),
                                      eps=1e-8, weight_decay=actor.optim.weight_decay)
         self.loss_fn = functools.partial(losses.ppo_actor_loss, cfg=actor, temperature=1.0)
+        self.share_prompts = getattr(actor, "share_prompts", False)  # as the actor packs its rows
 
     def step(self, batch) -> float:
         from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs
 
         dev = torch.device("cpu")
-        packing = Packing(batch["attention_mask"])
+        if self.share_prompts:
+            from tandem.models.shared_prompts import SharedPromptPacking
+
+            packing = SharedPromptPacking(batch["attention_mask"], batch["input_ids"], batch["responses"].shape[1])
+        else:
+            packing = Packing(batch["attention_mask"])
         packing.keep_responses(batch["responses"].shape[1])
         with packed_rope(self.model, packing, dev), selected_outputs(self.model, packing, dev):
             out = self.model(packing.pack(batch["input_ids"]), None, None, packed_seq_params=packing.params(dev))

@@ -105,12 +105,22 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # ---- the measurement ------------------------------------------------------------------------
 
+# keys older trees may not have, with the value that is their behaviour: the unpadded task older
+# trees write; every row with its own prompt
+OLD_BEHAVIOUR = {"data.builtin_fixed_width": "false", "actor_rollout_ref.actor.share_prompts": None}
+
+
 def known_to(tree: str, overrides: list[str]) -> list[str]:
     """The overrides without keys that `tree` (older code) does not have, where leaving them out
-    is its behaviour anyway: data.builtin_fixed_width=false is the unpadded task older trees write."""
+    is its behaviour anyway (OLD_BEHAVIOUR; None: whatever the value, it is this tree's change)."""
     with open(os.path.join(tree, "tandem", "config", "schema.py")) as f:
-        old = "builtin_fixed_width" not in f.read()
-    return [o for o in overrides if not (old and o == "data.builtin_fixed_width=false")]
+        schema = f.read()
+
+    def dropped(o: str) -> bool:
+        key, _, value = o.partition("=")
+        return (key in OLD_BEHAVIOUR and key.rsplit(".", 1)[1] not in schema
+                and OLD_BEHAVIOUR[key] in (None, value))
+    return [o for o in overrides if not dropped(o)]
 
 
 async def measure(cfg, run_dir, a, overrides: list[str], hf_path: str | None) -> dict:

@@ -23,7 +23,7 @@ from tandem.train import losses
 from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
-from tandem.train.schedule import reads_responses_only, run_schedule
+from tandem.train.schedule import reads_responses_only, run_schedule, shares_prompts
 from tandem.train.step import train_steps
 
 
@@ -52,6 +52,8 @@ class ActorWorker:
             compile_layers(self.policy)
             compile_layers(self.ref)
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
+        # MoE: the router's load-balancing loss counts each row's own tokens, so rows keep their prompts
+        self.share_prompts = self.actor_cfg.share_prompts and self.shape.moe is None
         self.set_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
@@ -74,6 +76,7 @@ class ActorWorker:
                 out["entropys"] = ent.float()
             return output.new_zeros(()), 0, out
 
+        shares_prompts(loss_fn, self.share_prompts)
         results = []
         for shard in shards:
             if shard is None:
@@ -90,6 +93,7 @@ class ActorWorker:
         (the loss takes its own forward's and returns them per row, tandem/train/losses.py)."""
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
                                     on_policy=on_policy)
+        shares_prompts(loss_fn, self.share_prompts)
         return self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
 
     def train_sft(self, shards: list[DataProto]) -> dict:

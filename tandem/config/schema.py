@@ -73,6 +73,9 @@ class ActorConfig:
     # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only;
     # tandem/models/compile.py). CPU runs stay eager.
     use_torch_compile: bool = True
+    # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
+    # passes (tandem/models/shared_prompts.py); same results up to float rounding
+    share_prompts: bool = False
 
 
 @dataclass

@@ -26,6 +26,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from tandem.models.shared_prompts import segment_mask
+
 
 class SDPAttention(MegatronModule):
     """Drop-in `core_attention` module: [sq, b, np, hn] x 3 -> [sq, b, np * hn]."""
@@ -74,7 +76,8 @@ class SDPAttention(MegatronModule):
     def _packed(self, q, k, v, params):
         """[t, np, hn] x 3, causal within each sequence of cu_seqlens -> [t, np * hn]."""
         gqa = self.heads_per_partition != self.groups_per_partition
-        if q.is_cuda and _varlen_attn is not None:
+        segments = getattr(params, "tandem_segments", None)  # shared prompts (tandem/models/shared_prompts.py)
+        if q.is_cuda and _varlen_attn is not None and segments is None:
             out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale, gqa)
         else:  # one causal SDPA over the sequences right-padded to the longest: a sequence's
             # padding comes after its tokens, so causality alone keeps it out of their attention
@@ -82,8 +85,9 @@ class SDPAttention(MegatronModule):
             shape = (len(params.tandem_cu_seqlens) - 1, int(params.max_seqlen_q))  # [sequences, longest]
             q, k, v = (t.new_zeros(*shape, *t.shape[1:]).index_put((seq, pos), t).transpose(1, 2)
                        for t in (q, k, v))  # -> [sequences, heads, longest, d]
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                 enable_gqa=gqa).transpose(1, 2)[seq, pos]
+            mask = {"is_causal": True} if segments is None else {"attn_mask": segment_mask(segments, shape, (seq, pos))}
+            out = F.scaled_dot_product_attention(q, k, v, scale=self.softmax_scale, enable_gqa=gqa,
+                                                 **mask).transpose(1, 2)[seq, pos]
         return out.reshape(out.shape[0], -1)
 
 

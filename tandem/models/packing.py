@@ -62,7 +62,7 @@ class Packing:
         """Compute outputs only where they predict one of the last `width` columns' real tokens
         (the response). Reads elsewhere (`PackedOutput.take`) then raise."""
         idx, valid = self.index_valid(self.width - width - 1, width, predicts=True)
-        self.kept = idx[valid]  # row-major, so increasing: the packed order
+        self.kept = torch.unique(idx[valid])  # sorted: the packed order (rows sharing a prompt share one)
         self._slot = torch.full((self.total,), -1, dtype=torch.long)
         self._slot[self.kept] = torch.arange(len(self.kept))
 

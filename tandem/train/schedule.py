@@ -25,6 +25,7 @@ from tandem.models.packing import (
     selected_outputs,
     selects_outputs,
 )
+from tandem.models.shared_prompts import SharedPromptPacking
 
 
 def is_scalar(v) -> bool:
@@ -39,6 +40,19 @@ def reads_responses_only(loss_fn: Callable) -> Callable:
     return loss_fn
 
 
+def shares_prompts(loss_fn: Callable, on: bool = True) -> Callable:
+    """Mark a loss_fn (that reads responses only) to run with each prompt packed once for the
+    rows that share it (tandem/models/shared_prompts.py); `on`: the config's choice."""
+    loss_fn.shares_prompts = on
+    return loss_fn
+
+
+def _packing(mb: DataProto, multiple: int, share: bool) -> Packing:
+    if share:
+        return SharedPromptPacking(mb["attention_mask"], mb["input_ids"], mb["responses"].shape[1], multiple)
+    return Packing(mb["attention_mask"], multiple=multiple)
+
+
 def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
                  forward_only: bool) -> list[dict]:
     """One schedule pass; returns per-micro-batch outputs of loss_fn on the last PP stage
@@ -49,8 +63,10 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
 
     dev = device.device()
 
-    packings = [Packing(mb["attention_mask"], multiple=sequence_split(model)) for mb in micro_batches]
-    if getattr(getattr(loss_fn, "func", loss_fn), "reads_responses_only", False) and selects_outputs(model):
+    responses_only = getattr(getattr(loss_fn, "func", loss_fn), "reads_responses_only", False)
+    packings = [_packing(mb, sequence_split(model), responses_only and getattr(loss_fn, "shares_prompts", False))
+                for mb in micro_batches]
+    if responses_only and selects_outputs(model):
         for mb, packing in zip(micro_batches, packings):
             packing.keep_responses(mb["responses"].shape[1])
     it = iter(zip(micro_batches, packings))
