@@ -62,7 +62,7 @@ from tandem.v1 import data_pb2  # noqa: E402
 
 PHASES = ["gen", "reward", "old_log_prob", "adv", "update_actor"]  # verl's timing_s/* names (controller/step.py)
 CHECK_KEYS = ["critic/score/mean", "response_length/mean", "actor/pg_loss"]
-VOLATILE = ("timing_s/", "perf/throughput", "bench/")
+VOLATILE = ("timing_s/", "perf/throughput", "perf/time_per_step", "bench/")
 
 
 # ---- codec capture and re-timing ------------------------------------------------------------
@@ -238,7 +238,7 @@ def _findings(res: dict, steps: int) -> list[str]:
                 f"{mg / statistics.mean(tb):.3f}, UpdateActor phase {upd('grpc') / upd('baseline'):.3f}",
                 f"- same numbers as the baseline tree: {len(diff)} metrics compared over {n} steps, "
                 f"max |difference| {worst:.3g}" + ("" if worst == 0 else " (**not bit-equal**: "
-                                                    + ", ".join(k for k, v in diff.items() if v) + ")")]
+                                                    + ", ".join(f"{k} {v:.2g}" for k, v in diff.items() if v) + ")")]
     if "pure" in res["times"]:
         pure, hf = (statistics.median(res["times"][m]) for m in ("pure", "hf"))
         upd = statistics.median(x["timing_s/update_actor"] for x in res["metrics"]["grpc"])

@@ -2,6 +2,7 @@
 
 usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
                              [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...] [--on-policy]
+                             [--grouped]
 
 All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
 drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
@@ -11,6 +12,7 @@ pipeline stages, so PP layouts start from TP=1's). With --load-from it loads tha
 checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
 A failure raises (non-zero exit). --on-policy: the update is UpdateActor(on_policy) (one
 mini-batch: it sets ppo_mini_batch_size=4), whose own old log-probs are written as "on_policy_old".
+--grouped: the batch's rows share prompts in pairs (the rollout's n=2 samples).
 --set adds config overrides (e.g. a Hugging Face model.path);
 ACTOR_RANK_OVERRIDES (space-separated key=value) adds more when running it by hand.
 """
@@ -20,7 +22,8 @@ import sys
 import torch
 
 
-def fixed_batch(vocab: int, pad_id: int):
+def fixed_batch(vocab: int, pad_id: int, grouped: bool = False):
+    """8 rows of random tokens; grouped: rows 2k and 2k+1 share row 2k's prompt (n=2 samples)."""
     from tandem.data.batch import DataProto
 
     g = torch.Generator().manual_seed(0)
@@ -28,6 +31,9 @@ def fixed_batch(vocab: int, pad_id: int):
     prompt_len = torch.tensor([6, 3, 4, 6, 2, 5, 6, 1])
     resp_len = torch.tensor([5, 2, 4, 1, 5, 3, 5, 4])
     ids = torch.randint(4, vocab, (b, lp + r), generator=g)
+    if grouped:
+        prompt_len[1::2] = prompt_len[0::2]
+        ids[1::2, :lp] = ids[0::2, :lp]
     mask = torch.zeros(b, lp + r, dtype=torch.long)
     for i in range(b):
         mask[i, lp - prompt_len[i]: lp + resp_len[i]] = 1
@@ -55,6 +61,7 @@ def parse_args():
     p.add_argument("--init-from")
     p.add_argument("--load-from")
     p.add_argument("--on-policy", action="store_true")
+    p.add_argument("--grouped", action="store_true", help="rows share prompts in pairs (fixed_batch)")
     a = p.parse_args()
     if a.on_policy:  # 4 prompts x n=2 = the whole batch in one mini-batch
         a.set.append("actor_rollout_ref.actor.ppo_mini_batch_size=4")
@@ -136,7 +143,7 @@ def main() -> int:
     if not group.is_front:
         group.follow()
         return 0
-    batch, advantages = fixed_batch(len(tokenizer), tokenizer.pad_token_id)
+    batch, advantages = fixed_batch(len(tokenizer), tokenizer.pad_token_id, a.grouped)
     try:
         result = exercise(ActorFront(group, worker), a, batch, advantages)
     finally:

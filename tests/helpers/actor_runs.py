@@ -11,7 +11,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run_actor(run_ranks, root, name: str, tokenizer_dir: str, world: int, tp: int, pp: int = 1, ep: int = 1,
-              sp: bool = False, init_from=None, load_from=None, settings=(), on_policy: bool = False):
+              sp: bool = False, init_from=None, load_from=None, settings=(), on_policy: bool = False,
+              grouped: bool = False):
     """One actor run of `world` gloo processes -> (rank 0's result.pt, its output directory)."""
     out = root / name
     out.mkdir()
@@ -21,6 +22,7 @@ def run_actor(run_ranks, root, name: str, tokenizer_dir: str, world: int, tp: in
     args += ["--init-from", str(init_from)] if init_from else []
     args += [f"--set={s}" for s in settings]
     args += ["--on-policy"] if on_policy else []
+    args += ["--grouped"] if grouped else []
     run_ranks([[sys.executable, os.path.join(HERE, "actor_rank.py"), str(r), *args] for r in range(world)],
               timeout=600)
     return torch.load(out / "result.pt"), out
