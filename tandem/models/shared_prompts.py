@@ -34,47 +34,38 @@ class SharedPromptPacking(Packing):
     def __init__(self, attention_mask: torch.Tensor, input_ids: torch.Tensor, response_width: int,
                  multiple: int = 1):
         super().__init__(attention_mask, multiple)  # validates the layout; the fields are redone below
-        ids = input_ids.cpu()
-        b, t = ids.shape
+        valid = attention_mask.bool().cpu()
+        b, t = valid.shape
         pw = t - response_width
         plen = (pw - self.first).clamp(min=0)  # each row's real prompt tokens
         rlen = self.lengths - plen
-        same = [i > 0 and int(plen[i]) == int(plen[i - 1]) and
-                bool((ids[i, self.first[i]:pw] == ids[i - 1, self.first[i - 1]:pw]).all()) for i in range(b)]
-        self.prompt_offset = torch.empty(b, dtype=torch.long)
-        self.response_offset = torch.empty(b, dtype=torch.long)
-        source, positions, segments, seqlens, at = [], [], [], [], 0
-        for i in range(b):
-            p, r = int(plen[i]), int(rlen[i])
-            if not same[i]:  # a new group: its prompt, from this row
-                seqlens.append(0)
-                self.prompt_offset[i], seg = at, 1
-                source.append(i * t + self.first[i] + torch.arange(p))
-                positions.append(torch.arange(p))
-                segments.append(torch.zeros(p, dtype=torch.long))
-                at += p
-                seqlens[-1] += p
-            else:
-                self.prompt_offset[i] = self.prompt_offset[i - 1]
-                seg += 1
-            self.response_offset[i] = at
-            source.append(i * t + pw + torch.arange(r))
-            positions.append(p + torch.arange(r))
-            segments.append(torch.full((r,), seg, dtype=torch.long))
-            at += r
-            seqlens[-1] += r
+        prompt = torch.where(valid[:, :pw], input_ids.cpu()[:, :pw], -1)  # equal rows: the same prompt
+        new = torch.ones(b, dtype=torch.bool)  # the row starts a group (and packs the prompt)
+        new[1:] = (prompt[1:] != prompt[:-1]).any(1)
+        group = new.cumsum(0) - 1
+        leader = new.nonzero().squeeze(1)  # each group's first row
+        count = plen * new + rlen  # the tokens each row adds to the packed row
+        start = count.cumsum(0) - count
+        self.prompt_offset = start[leader][group]
+        self.response_offset = start + plen * new
         self.prompt_lengths = plen
-        self.groups = len(seqlens)
-        real = at
+        self.groups = len(leader)
+        segment = torch.arange(b) - leader[group] + 1  # k: the group's k-th response
+        real = int(count.sum())
+        rows = torch.repeat_interleave(torch.arange(b), count)
+        k = torch.arange(real) - start[rows]  # index within the row's own tokens
+        in_prompt = k < (plen * new)[rows]
+        after = k - (plen * new)[rows]  # index within the row's response
         self.filler = (-real) % multiple
         self.total = real + self.filler
-        if self.filler:
-            seqlens.append(self.filler)
+        seqlens = torch.zeros(self.groups, dtype=torch.long).index_add_(0, group, count).tolist()
+        seqlens += [self.filler] if self.filler else []
         self.cu_seqlens = torch.tensor([0] + seqlens, dtype=torch.int32).cumsum(0, dtype=torch.int32)
         self.max_seqlen = max(seqlens)
-        self.source = torch.cat([*source, torch.zeros(self.filler, dtype=torch.long)])
-        self.positions = torch.cat([*positions, torch.arange(self.filler)])
-        self.segments = torch.cat([*segments, torch.zeros(self.filler, dtype=torch.long)])
+        cols = torch.where(in_prompt, self.first[rows] + k, pw + after)
+        self.source = torch.cat([rows * t + cols, torch.zeros(self.filler, dtype=torch.long)])
+        self.positions = torch.cat([torch.where(in_prompt, k, plen[rows] + after), torch.arange(self.filler)])
+        self.segments = torch.cat([torch.where(in_prompt, 0, segment[rows]), torch.zeros(self.filler, dtype=torch.long)])
 
     def params(self, device: torch.device):
         """Packing.params over the groups, plus each token's segment (0: the group's prompt,
