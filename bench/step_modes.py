@@ -221,8 +221,11 @@ class BaselineMode:
     def __init__(self, tree: str, overrides: list[str], count: int):
         env = dict(os.environ, TANDEM_BENCH_TREE=os.path.abspath(tree),
                    PYTHONPATH=os.pathsep.join([os.path.abspath(tree), os.environ.get("PYTHONPATH", "")]))
+        # cwd: the services it starts run `python -m tandem.services...`, which puts the working
+        # directory first on sys.path: from this checkout they would run this checkout's code
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--driver", str(count), *overrides],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     cwd=os.path.abspath(tree))
 
     async def connect(self) -> None:
         line = await asyncio.to_thread(self.proc.stdout.readline)
