@@ -62,7 +62,7 @@ from tandem.v1 import data_pb2  # noqa: E402
 
 PHASES = ["gen", "reward", "old_log_prob", "adv", "update_actor"]  # verl's timing_s/* names (controller/step.py)
 CHECK_KEYS = ["critic/score/mean", "response_length/mean", "actor/pg_loss"]
-VOLATILE = ("timing_s/", "perf/throughput", "perf/time_per_step", "bench/")
+VOLATILE = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/cpu_memory", "bench/")
 
 
 # ---- codec capture and re-timing ------------------------------------------------------------
