@@ -11,6 +11,7 @@ import functools
 
 import torch
 
+from services.actor.memory import actor_memory
 from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import OptimConfig, TandemConfig
@@ -20,6 +21,7 @@ from tandem.models.compile import compile_layers
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.train import losses
+from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
@@ -52,17 +54,22 @@ class ActorWorker:
             compile_layers(self.policy)
             compile_layers(self.ref)
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
-        self.set_reference()
+        self._copy_to_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
         self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
+        self.memory = actor_memory(self)  # what each call needs on the device (verl's offload keys)
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
     def log_probs(self, shards: list[DataProto | None], which: str, temperature: float,
                   entropy: bool, micro_rows: int) -> list[DataProto | None]:
         """Per shard: 'log_probs' [B, R] fp32 (+ 'entropys') of `which` ('policy' or 'ref')."""
-        model = self.ddp if which == "policy" else self.ref
+        with self.memory.phase("log_probs" if which == "policy" else "ref_log_probs"):
+            return self._log_probs(self.ddp if which == "policy" else self.ref, shards, temperature,
+                                   entropy, micro_rows)
+
+    def _log_probs(self, model, shards, temperature, entropy, micro_rows):
         model.eval()
 
         @reads_responses_only
@@ -86,14 +93,20 @@ class ActorWorker:
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float) -> dict:
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
-        return self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
+        with self.memory.phase("train"):
+            out = self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
+            out["steps"].update(memory_metrics("actor"))  # the step's peaks in this process (colocated: all phases)
+        return out
 
     def train_sft(self, shards: list[DataProto]) -> dict:
         """Cross-entropy on batch['loss_mask'] tokens (warm start), its own optimizer."""
         sft = self.cfg.trainer.sft
-        if self.sft_optimizer is None:
-            self.sft_optimizer = Optimizer(self.ddp, OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
-        return self._train(self.sft_optimizer, shards, losses.sft_loss, "sft/grad_norm", "sft/lr")
+        with self.memory.phase("train"):
+            if self.sft_optimizer is None:  # offloaded like the RL optimizer (the same override)
+                self.sft_optimizer = Optimizer(self.ddp, OptimConfig(
+                    lr=sft.lr, weight_decay=sft.weight_decay,
+                    override_optimizer_config=self.actor_cfg.optim.override_optimizer_config))
+            return self._train(self.sft_optimizer, shards, losses.sft_loss, "sft/grad_norm", "sft/lr")
 
     def _train(self, optimizer: Optimizer, shards, loss_fn, grad_norm_key: str, lr_key: str) -> dict:
         if self._last_trained is not None and self._last_trained is not optimizer:
@@ -108,6 +121,10 @@ class ActorWorker:
 
     def set_reference(self) -> None:
         """reference := current policy (after the SFT warm start)."""
+        with self.memory.phase("checkpoint"):
+            self._copy_to_reference()
+
+    def _copy_to_reference(self) -> None:
         self.ref.load_state_dict(self.policy.state_dict())
         self.ref.requires_grad_(False)
         self.ref.eval()
@@ -118,6 +135,10 @@ class ActorWorker:
         rank 0 of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 or
         PP > 1 the ranks of DP rank 0 take part in the gather, at EP > 1 every rank (experts
         live on other DP ranks)."""
+        with self.memory.phase("weights"):
+            return self._export_weights()
+
+    def _export_weights(self) -> dict[str, torch.Tensor] | None:
         from megatron.core import parallel_state as ps
 
         mcfg = self.actor_cfg.megatron
@@ -138,14 +159,17 @@ class ActorWorker:
         """The policy as a Hugging Face checkpoint (TP shards gathered; TP rank 0 of DP rank 0 writes)."""
         from tandem.convert.hf_export import export_hf
 
-        export_hf(self.policy, self.shape, out_dir, self.architecture, tokenizer_dir=tokenizer_dir)
+        with self.memory.phase("weights"):
+            export_hf(self.policy, self.shape, out_dir, self.architecture, tokenizer_dir=tokenizer_dir)
         return out_dir
 
     def save(self, path: str, meta: dict) -> str:
-        return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
+        with self.memory.phase("checkpoint"):
+            return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
 
     def load(self, path: str) -> dict:
-        meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
+        with self.memory.phase("checkpoint"):
+            meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
         self._last_trained = self.optimizer  # loaded together with the weights
         return meta
 

@@ -25,10 +25,16 @@ def _known_keys(node, prefix="") -> list[str]:
     return keys
 
 
+FREE_FORM = ("override_transformer_config", "override_optimizer_config")  # verl's dict-valued keys
+
+
 def _under_free_form(key: str, known: list[str]) -> bool:
-    """A key inside a dict-valued section (override_transformer_config: checked by validate())."""
-    head, _, rest = key.rpartition(".override_transformer_config.")
-    return bool(rest) and f"{head}.override_transformer_config" in known
+    """A key inside a dict-valued section (verl's override_*_config: checked by validate())."""
+    for section in FREE_FORM:
+        head, _, rest = key.rpartition(f".{section}.")
+        if rest and f"{head}.{section}" in known:
+            return True
+    return False
 
 
 def _unknown_key(key: str, known: list[str]) -> ConfigError:

@@ -31,6 +31,10 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     clip_grad: float = 1.0
     lr_warmup_steps: int = 0
+    # verl's key: megatron-core OptimizerConfig fields; Tandem takes its CPU optimizer offload
+    # (HybridDeviceOptimizer): optimizer_cpu_offload, optimizer_offload_fraction,
+    # overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer (checks/memory.py)
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,6 +46,12 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP (expert TP = TP)
     dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
     seed: int = 1
+    # verl's offload keys (tandem/train/phases.py): while the role runs a phase that does not use
+    # them, parameters wait in pinned host memory, gradient buffers are dropped, optimizer state
+    # (fp32 main weights, Adam moments) waits in pinned host memory
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
     # verl's key; only the MoE router load-balancing loss is read from it (model_file.OVERRIDE_KEYS)
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
 
@@ -101,8 +111,14 @@ class RolloutConfig:
 
 
 @dataclass
+class RefMegatronConfig:  # the reference shares the actor's layout; verl's offload key only
+    param_offload: bool = False  # the reference in pinned host memory except during ref log-probs
+
+
+@dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 64
+    megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)
 
 
 @dataclass

@@ -4,7 +4,8 @@ The model is wrapped in megatron's DistributedDataParallel (gradients in fp32 bu
 summed over data-parallel ranks because the model config sets calculate_per_token_loss);
 the schedule's finalize_model_grads divides them by the mini-batch's loss units. The
 optimizer is megatron's (Adam, global grad-norm clipping over TP/PP, optional distributed
-optimizer, sharded state dicts that reshard on load).
+optimizer, optional CPU offload of a share of Adam (optim.override_optimizer_config), sharded
+state dicts that reshard on load).
 """
 from __future__ import annotations
 
@@ -22,11 +23,6 @@ def wrap_ddp(model, use_distributed_optimizer: bool = False):
         finalize_model_grads,
     )
 
-    from tandem.parallel import device
-
-    if use_distributed_optimizer and not device.has_cuda():
-        raise ValueError("megatron.use_distributed_optimizer: megatron-core's distributed optimizer "
-                         "needs CUDA (it checks for torch.cuda tensor types); set it to false on CPU")
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=use_distributed_optimizer)
@@ -39,18 +35,46 @@ class Optimizer:
     def __init__(self, ddp_model, cfg: OptimConfig):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from tandem.parallel import device
+
         foreach_fallbacks.install()  # before megatron's optimizer is built and used
         self.model = ddp_model
         self.cfg = cfg
         config = ddp_model.module.config
+        override = dict(cfg.override_optimizer_config)  # checked by tandem/config/checks/memory.py
+        if override.get("optimizer_cpu_offload") and not device.has_cuda():
+            raise ValueError("optim.override_optimizer_config.optimizer_cpu_offload: megatron-core's CPU "
+                             "optimizer offload needs CUDA (it overlaps copies on CUDA streams); set it to false on CPU")
         self.opt = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
             adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.clip_grad,
             bf16=config.params_dtype == torch.bfloat16, params_dtype=config.params_dtype,
-            use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer), [ddp_model])
+            use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer, **override), [ddp_model])
         self.steps = 0
+        self.before_step = None  # set while the state is coming back from host memory (phases.py)
         self._apply_lr()
         self._fuse_torch_adam()
+
+    def _torch_optimizers(self) -> list:
+        """The torch optimizers doing the work: one per megatron optimizer, or the GPU and CPU
+        parts of megatron's HybridDeviceOptimizer (CPU optimizer offload)."""
+        out = []
+        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
+            torch_opt = getattr(inner, "optimizer", None)
+            if torch_opt is not None:
+                out.extend(getattr(torch_opt, "sub_optimizers", [torch_opt]))
+        return out
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the optimizer keeps: its parameters (fp32 main weights; for an fp32 model
+        the model's own, which callers exclude) and their state (Adam moments, step counters)."""
+        out = []
+        for torch_opt in self._torch_optimizers():
+            for group in torch_opt.param_groups:
+                out.extend(group["params"])
+            for state in torch_opt.state.values():
+                out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        return out
 
     def _fuse_torch_adam(self) -> None:
         """Without Transformer Engine or Apex megatron falls back to torch's AdamW with its
@@ -81,7 +105,14 @@ class Optimizer:
         self.model.zero_grad_buffer()
         self.opt.zero_grad()
 
+    def _state_ready(self) -> None:
+        """Before anything reads or writes the state: its copies back from host memory must have run."""
+        if self.before_step is not None:
+            self.before_step()
+            self.before_step = None
+
     def step(self) -> float:
+        self._state_ready()
         _, grad_norm, _ = self.opt.step()
         self.steps += 1
         self._apply_lr()
@@ -90,23 +121,33 @@ class Optimizer:
         return float(grad_norm) if grad_norm is not None else 0.0
 
     def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False) -> dict:
-        return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading)
+        """The distributed optimizer in megatron's `fully_reshardable` format (its default format
+        is refused by megatron's own checkpointing: "flattened_range is not supported")."""
+        self._state_ready()
+        metadata = {"distrib_optim_sharding_type": "fully_reshardable"} \
+            if self.model.ddp_config.use_distributed_optimizer else None
+        return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading, metadata=metadata)
 
     def reload_model_params(self) -> None:
         """The model's parameters changed outside this optimizer (a checkpoint, another
         optimizer): refresh its fp32 main copies (bf16 models), or they would overwrite the
         change at the next step."""
+        self._state_ready()
         self.opt.reload_model_params()
 
     def reset(self) -> None:
         """Back to no state (a checkpoint taken before the first step), main copies refreshed."""
+        self._state_ready()
         for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
             inner.optimizer.state.clear()
+        for torch_opt in self._torch_optimizers():  # the CPU offload's parts hold their own
+            torch_opt.state.clear()
         self.steps = 0
         self._apply_lr()
         self.reload_model_params()
 
     def load_state_dict(self, state: dict, steps: int) -> None:
+        self._state_ready()
         self.opt.load_state_dict(state)
         self._fuse_torch_adam()  # loading replaced the param groups' flags with the saved ones
         self.steps = steps

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tandem.config.checks.actor import check_actor, check_tis
 from tandem.config.checks.algorithm import check_algorithm, check_dapo
+from tandem.config.checks.memory import check_memory
 from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.rollout import check_rollout, check_val_kwargs
 from tandem.config.checks.trainer import check_data, check_loggers, check_trainer
@@ -16,7 +17,7 @@ from tandem.config.schema import TandemConfig
 # The order decides which error a config with several gets (it is the order of the checks before the
 # split into topics); a check may rely on the ones before it (rollout.n >= 1, parallel degrees >= 1).
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
-          check_val_kwargs, check_tis, check_loggers, check_model)
+          check_val_kwargs, check_tis, check_loggers, check_model, check_memory)
 
 
 def validate(cfg: TandemConfig) -> None:
