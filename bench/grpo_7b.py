@@ -186,8 +186,9 @@ def main() -> int:
     gpu = torch.cuda.get_device_name() if cuda else "no GPU"
     print(f"\nmachine: {gpu}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB host memory, "
           f"torch {torch.__version__}, Python {platform.python_version()}")
-    print(f"setup: checkpoint {time.perf_counter() - t0 - sum(m['timing_s/step'] for m in steps):.0f} s total before "
-          f"the steps incl. services up in {setup['services_start_s']:.1f} s (model build and load)")
+    wall = time.perf_counter() - t0
+    print(f"wall {wall:.0f} s: {wall - sum(m['timing_s/step'] for m in steps):.0f} s outside the steps (checkpoint, "
+          f"services up in {setup['services_start_s']:.0f} s: model build and load), then the steps")
     print("| step | s | gen s | log-probs s | update s | GPU peak alloc GiB | GPU peak reserved GiB | actor RSS GiB "
           "| host peak (services) GiB | host peak (machine) GiB |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")

@@ -2,9 +2,10 @@
 
 megatron-core assumes CUDA in a few places (`torch.cuda.current_device()` for parameter
 placement, `torch.cuda.synchronize()`, the CUDA RNG tracker, literal device="cuda" in the
-optimizer, checkpointing and pipeline schedules). On a host without CUDA, `install()` makes
-those calls answer for the CPU: GPTModel builds, TP/PP/EP forward and backward run over gloo,
-and megatron's own optimizer and schedules run unchanged. It touches nothing when CUDA is
+optimizer, checkpointing and pipeline schedules, CUDA type names in the distributed optimizer).
+On a host without CUDA, `install()` makes those calls answer for the CPU: GPTModel builds,
+TP/PP/EP forward and backward run over gloo, and megatron's own optimizers (the distributed one
+too) and schedules run unchanged. It touches nothing when CUDA is
 present, and is installed once per process by `tandem.parallel.layout.init_distributed`.
 """
 from __future__ import annotations

@@ -82,9 +82,15 @@ class HostStash:
         leaves that to `ready()` (called just before the tensors are used). -> bytes moved."""
         if not self._held:
             return 0
-        held, self._held = self._held, []
-        for s, host in held:
-            s.resize_(host.numel())  # allocated for the current stream, which waits before any use
+        held = self._held
+        try:
+            for s, host in held:
+                s.resize_(host.numel())  # allocated for the current stream, which waits before any use
+        except BaseException:  # out of device memory: all of it stays stashed, nothing is lost
+            for s, _ in held:
+                s.resize_(0)
+            raise
+        self._held = []
         with self._copies.run():
             for s, host in held:
                 _bytes(s).copy_(host, non_blocking=True)

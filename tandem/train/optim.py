@@ -29,6 +29,29 @@ def wrap_ddp(model, use_distributed_optimizer: bool = False):
     return DistributedDataParallel(model.config, ddp_config, model)
 
 
+def _load_steps_into_torch_adam() -> None:
+    """megatron-core's distributed optimizer, loading its `fully_reshardable` state into torch's
+    Adam (no Transformer Engine / Apex), copies every tensor of a parameter's state from the
+    checkpoint, the per-parameter `step` counter included, which the checkpoint does not carry
+    (megatron has already set it from the saved param groups): KeyError 'step'. Give it the
+    counter it already set. Applied once."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D
+
+    setter = D._set_main_param_and_optimizer_states
+    if getattr(setter, "_tandem", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            step = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]].get("step")
+            tensors = tensors if step is None else {**tensors, "step": step}
+        return setter(self, model_param, tensors)
+
+    set_states._tandem = True
+    D._set_main_param_and_optimizer_states = set_states
+
+
 class Optimizer:
     """megatron Adam over a DDP model; `step()` clips, steps and returns the pre-clip grad norm."""
 
@@ -38,6 +61,8 @@ class Optimizer:
         from tandem.parallel import device
 
         foreach_fallbacks.install()  # before megatron's optimizer is built and used
+        if ddp_model.ddp_config.use_distributed_optimizer:
+            _load_steps_into_torch_adam()
         self.model = ddp_model
         self.cfg = cfg
         config = ddp_model.module.config
@@ -54,6 +79,11 @@ class Optimizer:
         self.before_step = None  # set while the state is coming back from host memory (phases.py)
         self._apply_lr()
         self._fuse_torch_adam()
+
+    @property
+    def checkpoint_format(self) -> str:
+        """'distributed' or 'plain': megatron-core's two optimizers save different state dicts."""
+        return "distributed" if self.model.ddp_config.use_distributed_optimizer else "plain"
 
     def _torch_optimizers(self) -> list:
         """The torch optimizers doing the work: one per megatron optimizer, or the GPU and CPU
@@ -124,9 +154,23 @@ class Optimizer:
         """The distributed optimizer in megatron's `fully_reshardable` format (its default format
         is refused by megatron's own checkpointing: "flattened_range is not supported")."""
         self._state_ready()
-        metadata = {"distrib_optim_sharding_type": "fully_reshardable"} \
-            if self.model.ddp_config.use_distributed_optimizer else None
+        metadata = None
+        if self.model.ddp_config.use_distributed_optimizer:
+            metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+            if is_loading:
+                self._init_state()
         return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading, metadata=metadata)
+
+    def _init_state(self) -> None:
+        """Zero Adam state (step 0) where there is none yet: megatron's distributed optimizer reads
+        the step counter of its state before it loads one (and asserts there is one)."""
+        for torch_opt in self._torch_optimizers():
+            for group in torch_opt.param_groups:
+                for p in group["params"]:
+                    state = torch_opt.state[p]
+                    if not state:
+                        state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
 
     def reload_model_params(self) -> None:
         """The model's parameters changed outside this optimizer (a checkpoint, another
@@ -149,6 +193,10 @@ class Optimizer:
     def load_state_dict(self, state: dict, steps: int) -> None:
         self._state_ready()
         self.opt.load_state_dict(state)
+        for torch_opt in self._torch_optimizers():  # megatron's distributed optimizer loads one step
+            for param_state in torch_opt.state.values():  # tensor into every parameter's state, which
+                if torch.is_tensor(param_state.get("step")):  # torch's Adam then advances once per parameter
+                    param_state["step"] = param_state["step"].clone()
         self._fuse_torch_adam()  # loading replaced the param groups' flags with the saved ones
         self.steps = steps
         self._apply_lr()

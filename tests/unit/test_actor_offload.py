@@ -182,3 +182,18 @@ def test_critic_offload_leaves_the_gpu_after_each_call_and_trains_the_same(megat
     with off.memory.phase("values"):
         for x, y in zip(plain.model.parameters(), off.model.parameters()):
             assert torch.equal(x, y)
+
+
+def test_plain_and_distributed_optimizer_checkpoints_do_not_cross_and_say_why(megatron_dist, arithmetic_tokenizer,
+                                                                              tmp_path):
+    """megatron-core saves the two optimizers' state in different formats: loading one into the other
+    is refused before anything changes, naming the key to set."""
+    dist = "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"
+    plain, plain_rollout = make_actor(arithmetic_tokenizer)
+    grpo_step(plain, plain_rollout, arithmetic_tokenizer, seed=1)
+    path = plain.save(str(tmp_path / "plain"))
+    other, _ = make_actor(arithmetic_tokenizer, dist)
+    before = other.export_weights()
+    with pytest.raises(ValueError, match="use_distributed_optimizer must be false to load it"):
+        other.load(path)
+    assert all(torch.equal(before[k], v) for k, v in other.export_weights().items())
