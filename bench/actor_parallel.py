@@ -115,7 +115,7 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
     tokenizer = AutoTokenizer.from_pretrained(tok)
     dp = world // (tp * pp)
     cfg = _unchecked(tok, name, hf)
-    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, world, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, world, rdzv, seed=1)
     worker = ActorWorker(cfg, len(tokenizer))
     group = RankGroup({"actor": worker})
     if not group.is_front:
@@ -165,7 +165,9 @@ def launch(name: str, tmp: str, tok: str, steps: int, hang_s: int, load_from: st
     layout = "tp1" if load_from else name
     out = os.path.join(tmp, name + ("_loaded" if load_from else ""))
     os.makedirs(out, exist_ok=True)
-    rdzv = os.path.join(out, "rdzv")
+    from tandem.parallel.layout import local_tcp_rendezvous
+
+    rdzv = local_tcp_rendezvous()
     procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(r), "--layout", layout, "--rdzv", rdzv,
                                "--out", out, "--tok", tok, "--steps", str(steps), "--hang-s", str(hang_s)]
                               + (["--load-from", load_from] if load_from else [])

@@ -31,9 +31,7 @@ per micro-batch) is the worst case. Prints a markdown table.
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import tempfile
 import time
 
 import torch
@@ -201,8 +199,7 @@ def main() -> None:
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     micros = [int(m) for m in args.micro_batches.split(",")]
-    rdzv = os.path.join(tempfile.mkdtemp(), "rdzv")
-    init_distributed(ParallelConfig(), 0, 1, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig(), 0, 1, seed=1)
     peak = matmul_rate()
     rows = [r for name in args.shapes.split(",") for v in args.variants.split(",")
             for r in run_shape(name, args.steps, peak, v, micros)]

@@ -72,7 +72,7 @@ def hf_logits(hf_dir: str, dtype: torch.dtype) -> torch.Tensor:
         return model(tokens().to(dev)).logits.float().cpu()
 
 
-def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str) -> None:
+def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str, rdzv: str) -> None:
     """One rank: import at EP=world, save rank 0's logits, check the fp32 export on rank 0."""
     import json
 
@@ -87,7 +87,7 @@ def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str) ->
 
     if not torch.cuda.is_available():
         torch.set_num_threads(1)
-    init_distributed(ParallelConfig(ep=world), rank, world, f"file://{work}/rdzv", seed=1)
+    init_distributed(ParallelConfig(ep=world), rank, world, rdzv, seed=1)
     with open(os.path.join(hf_dir, "config.json")) as f:
         shape = shape_from_hf_config(json.load(f))
     model = build_gpt_model(shape, ep=world, params_dtype=DTYPES[dtype_name]).eval()
@@ -111,8 +111,10 @@ def rank_main(rank: int, world: int, hf_dir: str, dtype_name: str, work: str) ->
 def run(world: int, hf_dir: str, dtype_name: str) -> dict:
     import torch.multiprocessing as mp
 
+    from tandem.parallel.layout import local_tcp_rendezvous
+
     with tempfile.TemporaryDirectory() as work:
-        mp.spawn(rank_main, args=(world, hf_dir, dtype_name, work), nprocs=world, join=True)
+        mp.spawn(rank_main, args=(world, hf_dir, dtype_name, work, local_tcp_rendezvous()), nprocs=world, join=True)
         return torch.load(os.path.join(work, "result.pt"))
 
 

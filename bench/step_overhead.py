@@ -117,8 +117,7 @@ def build_inproc(cfg, tokenizer, on_loop: bool = False) -> Roles:
     from tandem.serving.worker_thread import WorkerThread
 
     torch.set_num_threads(max(1, cfg.services.actor.torch_threads))  # as the actor service
-    rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-bench-"), "rdzv")
-    init_distributed(ParallelConfig(), rank=0, world_size=1, init_method=f"file://{rdzv}",
+    init_distributed(ParallelConfig(), rank=0, world_size=1,
                      seed=cfg.actor_rollout_ref.actor.megatron.seed)  # same seed: same initial weights
     actor = ActorFront.in_process(cfg, len(tokenizer))  # the service's front door, one rank
     rollout = RolloutWorker(actor.local.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,

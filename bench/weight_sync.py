@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 
 import torch
@@ -57,7 +56,7 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
     from tandem.parallel import device
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
-    init_distributed(ParallelConfig(tp=2), rank, 2, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig(tp=2), rank, 2, rdzv, seed=1)
     dtype = torch.float32 if TINY else torch.bfloat16
     rows = []
     for name in shapes:
@@ -104,7 +103,9 @@ def main() -> None:
     a = p.parse_args()
     import torch.multiprocessing as mp
 
-    rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-sync-"), "rdzv")
+    from tandem.parallel.layout import local_tcp_rendezvous
+
+    rdzv = local_tcp_rendezvous()
     mp.spawn(rank_main, args=(rdzv, a.shapes.split(","), a.reps), nprocs=2, join=True)
 
 

@@ -1,4 +1,5 @@
-"""`tandem` command line: `tandem run [CONFIG.yaml] [key=value ...]`.
+"""`tandem` command line: `tandem run [CONFIG.yaml] [key=value ...]`; `tandem conformance HOST:PORT`
+(tandem/reward/conformance.py: does a reward service keep the RewardService contract).
 
 With no arguments it runs the built-in default: SFT warm start then GRPO on the
 character-level arithmetic task, on CPU, printing held-out accuracy before and after RL.
@@ -18,11 +19,18 @@ def _parse(argv):
     r = sub.add_parser("run", help="run a whole job locally (starts the services it needs)")
     r.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
                    help="an optional YAML config, then dotted overrides (verl's key names)")
+    from tandem.reward.conformance import add_arguments
+
+    add_arguments(sub.add_parser("conformance", help="check a reward service against the RewardService contract"))
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     ns = _parse(sys.argv[1:] if argv is None else argv)
+    if ns.command == "conformance":
+        from tandem.reward.conformance import main_from_args
+
+        return main_from_args(ns)
     config_path = None
     overrides = list(ns.args)
     if overrides and "=" not in overrides[0]:
@@ -36,6 +44,7 @@ def main(argv=None) -> int:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
     configure_logging(role="controller", level="WARNING")
+    from controller.reward_calls import RewardFailure
     from controller.run import run
 
     try:
@@ -43,6 +52,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
+    except RewardFailure as e:
+        print(f"tandem: run failed: {e}", file=sys.stderr)
+        return 1
     keys = ("val_accuracy_init", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain", "wall_time_s")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
     print(f"tandem: held-out greedy accuracy after SFT {summary.get('val_accuracy_after_sft')}, "

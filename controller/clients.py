@@ -103,5 +103,9 @@ class RewardClient(ServiceClient):
         super().__init__(endpoint, reward_pb2_grpc.RewardServiceStub, **kw)
 
     async def score(self, batch: DataProto) -> list[float]:
+        return (await self.score_rows(batch))[0]
+
+    async def score_rows(self, batch: DataProto) -> tuple[list[float], dict[int, str]]:
+        """-> (one score per row, {row: reason} for the rows the service could not score)."""
         r = await self.call("Score", reward_pb2.ScoreRequest(batch=codec.encode_batch(batch)))
-        return list(r.scores)
+        return list(r.scores), {int(f.row): f.reason for f in r.failures}

@@ -44,7 +44,7 @@ async def collect_varied_groups(
     gen_batch = cfg.data.gen_batch_size or want
     column = METRIC_COLUMNS[fg.metric]
     kept: list[DataProto] = []
-    kept_groups = dropped = rounds = 0
+    kept_groups = dropped = rounds = failed = 0
     while kept_groups < want and (fg.max_num_gen_batches <= 0 or rounds < fg.max_num_gen_batches):
         if callable(prompts):
             batch = prompts(gen_batch)
@@ -54,6 +54,9 @@ async def collect_varied_groups(
             break
         gen = await generate(batch, rounds)
         rounds += 1
+        failed += int(gen.meta.get("reward_failed_rows", 0))
+        if len(gen) == 0:
+            continue
         groups = torch.arange(len(gen)) // n
         keep_group = varied_group_mask(gen[column], groups).view(-1, n)[:, 0]  # [G]
         dropped += int((~keep_group).sum())
@@ -70,4 +73,4 @@ async def collect_varied_groups(
     out = concat_generations(kept, pad_id)
     out = out.slice(0, min(kept_groups, want) * n)
     return out, {M.TRAIN_NUM_GEN_BATCHES: float(rounds), M.TRAIN_NUM_DROPPED_GROUPS: float(dropped),
-                 M.TRAIN_NUM_KEPT_GROUPS: float(min(kept_groups, want))}
+                 M.TRAIN_NUM_KEPT_GROUPS: float(min(kept_groups, want)), M.REWARD_FAILED_ROWS: float(failed)}

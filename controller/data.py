@@ -84,7 +84,8 @@ def collate(examples: list[Example], pad_id: int) -> DataProto:
     return DataProto(tensors={"input_ids": ids, "attention_mask": mask}, columns={
         "prompt_text": [e.prompt_text for e in examples],
         "ground_truth": [e.ground_truth for e in examples],
-        "data_source": [e.data_source for e in examples]})
+        "data_source": [e.data_source for e in examples],
+        "extra_info": [e.extra_info for e in examples]})
 
 
 class Cursor:

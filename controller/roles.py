@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
 from tandem.config import TandemConfig
+from tandem.rpc.security import EndpointSecurity
 
 ROLE_CLIENTS = {"actor": ActorClient, "reward": RewardClient, "rollout": RolloutClient, "critic": CriticClient}
 
@@ -61,19 +62,28 @@ class Roles:
             await c.close()
 
 
+def security(cfg: TandemConfig, role: str) -> EndpointSecurity:
+    """TLS and token for calling `role` (services.<role>.tls / .auth)."""
+    return EndpointSecurity.from_section(getattr(cfg.services, role), f"services.{role}")
+
+
 async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str) -> Roles:
-    """A client per endpoint, each waited on until its service reports SERVING -> Roles."""
+    """A client per endpoint (with its TLS and token), each waited on until its service reports
+    SERVING -> Roles."""
     s = cfg.services
     clients: dict[str, object] = {}
     try:
         for role, endpoint in endpoints.items():
-            clients[role] = ROLE_CLIENTS[role](endpoint, timeout_s=s.rpc_timeout_s, metadata={"x-run-id": run_id})
+            timeout_s = cfg.reward_model.timeout_s if role == "reward" else s.rpc_timeout_s
+            clients[role] = ROLE_CLIENTS[role](endpoint, timeout_s=timeout_s, metadata={"x-run-id": run_id},
+                                               security=security(cfg, role))
             await clients[role].wait_healthy(timeout_s=s.startup_timeout_s)
     except BaseException:
         for c in clients.values():
             await c.close()
         raise
     standalone = cfg.actor_rollout_ref.rollout.mode == "standalone"
-    rollout = clients["rollout"] if standalone else RolloutClient(endpoints["actor"], timeout_s=s.rpc_timeout_s)
+    rollout = clients["rollout"] if standalone else RolloutClient(endpoints["actor"], timeout_s=s.rpc_timeout_s,
+                                                                  security=security(cfg, "actor"))
     return Roles(actor=clients["actor"], rollout=rollout, reward=clients["reward"],
                  critic=clients.get("critic"), standalone_rollout=standalone)

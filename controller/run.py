@@ -24,7 +24,7 @@ import time
 
 from controller import checkpointing
 from controller.data import Cursor, collate, load_examples
-from controller.launchers import DEFAULT_LAUNCHER, LaunchContext, Launcher, endpoints, get_launcher
+from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from controller.plot import plot_run
 from controller.roles import Roles, connect, needed_roles
 from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
@@ -131,8 +131,10 @@ class Run:
         """Services up, warm start or restore, RL steps, final validation and checkpoint,
         services down; then summary.json and curves.png -> the summary."""
         t = self.cfg.trainer
-        launcher = get_launcher(DEFAULT_LAUNCHER)(LaunchContext(
-            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, self.cfg.services.startup_timeout_s))
+        s = self.cfg.services
+        launcher = get_launcher(t.launcher)(LaunchContext(
+            os.path.join(self.run_dir, CONFIG_FILE), self.run_dir, self.run_id, s.startup_timeout_s,
+            hosts={role: getattr(s, role).host for role in ("actor", "rollout", "critic", "reward")}, cfg=self.cfg))
         self.tracking = Tracking(self.run_dir, list(t.logger), t.total_training_steps, t.project_name,
                                  t.experiment_name)
         try:
@@ -221,7 +223,7 @@ class Run:
         if not self.val:
             return None
         return await greedy_accuracy(self.roles.rollout, self.roles.reward, self.val, self.tokenizer,
-                                     self.cfg.data.max_response_length)
+                                     self.cfg.data.max_response_length, self.cfg)
 
     async def _validate(self, step: int) -> dict[str, float]:
         return await run_validation(self.roles, self.val, self.tokenizer, self.cfg, step)

@@ -3,7 +3,7 @@
 A fresh run gets `<trainer.default_local_dir>/<experiment>-<time>-<4 hex>/` with the
 resolved `config.yaml` every service starts from, and the built-in task's tokenizer and
 data when the config names none. A resumed run takes the interrupted run's own directory
-and config (its tokenizer, data and shapes), with this command's step count and resume keys.
+and config (its tokenizer, data and shapes), with this command's step count, resume keys and launcher.
 
 Deliberately not here: what goes in the directory later (metrics, logs, checkpoints,
 summary: controller/run.py and the modules it calls), finding the checkpoint to resume
@@ -29,6 +29,12 @@ def create_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
     run_id = f"{t.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
     run_dir = os.path.abspath(os.path.join(t.default_local_dir, run_id))
     os.makedirs(run_dir)
+    return materialise(cfg, run_dir), run_dir
+
+
+def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
+    """Write the built-in tokenizer and data under `run_dir` when the config names none, and
+    `run_dir/config.yaml` -> the config with their paths filled in."""
     model = cfg.actor_rollout_ref.model
     if model.tokenizer_path is None and model.path is not None:
         model = replace(model, tokenizer_path=model.path)
@@ -46,7 +52,7 @@ def create_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
     cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
     with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:
         f.write(to_yaml(cfg))
-    return cfg, run_dir
+    return cfg
 
 
 def reopen_run_dir(cfg: TandemConfig, ckpt: str) -> tuple[TandemConfig, str]:
@@ -55,5 +61,6 @@ def reopen_run_dir(cfg: TandemConfig, ckpt: str) -> tuple[TandemConfig, str]:
     run_dir = checkpointing.run_dir_of(ckpt)
     saved = load_config(os.path.join(run_dir, CONFIG_FILE))
     trainer = replace(saved.trainer, total_training_steps=cfg.trainer.total_training_steps,
-                      resume_mode=cfg.trainer.resume_mode, resume_from_path=cfg.trainer.resume_from_path)
+                      resume_mode=cfg.trainer.resume_mode, resume_from_path=cfg.trainer.resume_from_path,
+                      launcher=cfg.trainer.launcher)
     return replace(saved, trainer=trainer), run_dir

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from controller.reward_calls import RowScores, score_rows
 from tandem.algos import dapo as dapo_algos
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
@@ -25,11 +26,24 @@ def decode_responses(gen: DataProto, tokenizer) -> list[str]:
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
-async def score(reward, gen: DataProto, tokenizer) -> torch.Tensor:
-    """The reward service's score of each generated row -> [B] float32."""
-    batch = DataProto(columns={"response_text": decode_responses(gen, tokenizer),
-                               "ground_truth": gen["ground_truth"], "data_source": gen["data_source"]})
-    return torch.tensor(await reward.score(batch), dtype=torch.float32)
+def reward_request(gen: DataProto, tokenizer, cfg: TandemConfig) -> DataProto:
+    """The Score request: the decoded responses with the dataset's ground truth, data_source,
+    extra_info and prompt text; for a reward model (reward_model.enable) also the token ids."""
+    columns = {"response_text": decode_responses(gen, tokenizer), "ground_truth": gen["ground_truth"],
+               "data_source": gen["data_source"]}
+    for name in ("extra_info", "prompt_text"):
+        if name in gen.columns:
+            columns[name] = gen[name]
+    tensors = {}
+    if cfg.reward_model.enable:
+        tensors = {"input_ids": gen["input_ids"], "attention_mask": gen["attention_mask"]}
+    return DataProto(tensors=tensors, columns=columns)
+
+
+async def score(reward, gen: DataProto, tokenizer, cfg: TandemConfig) -> RowScores:
+    """The reward service's score of each generated row ([B] float32, NaN where it failed) and the
+    failed rows, with the configured deadline and retries (controller/reward_calls.py)."""
+    return await score_rows(reward, reward_request(gen, tokenizer, cfg), cfg)
 
 
 def shaped_scores(scores: torch.Tensor, response_mask: torch.Tensor, cfg: TandemConfig) -> torch.Tensor:

@@ -24,12 +24,16 @@ import torch
 
 from controller import scoring
 from controller.dapo import collect_varied_groups
+from controller.reward_calls import RowScores, settle
 from controller.roles import Roles
 from tandem.algos import advantages as adv_algos
 from tandem.algos import kl as kl_algos
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
+from tandem.logging import get_logger
+
+_log = get_logger("controller.step")
 
 SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 Prompts = DataProto | Callable[[int], DataProto]  # a batch, or k -> the next k prompts
@@ -96,6 +100,11 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     with timed(metrics, "gen"):
         gen, sampling_metrics = await rollout_and_score(ctx, prompts, step)
         metrics.update(sampling_metrics)
+    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
+    if len(gen) == 0:  # reward_model.on_failure=drop dropped every row: nothing to train on
+        _log.warning("step.skipped", step=step, reason="no row could be scored")
+        metrics["timing_s/step"] = time.perf_counter() - t_step
+        return metrics
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
     with timed(metrics, "reward_logprob_values"):
@@ -132,23 +141,34 @@ async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int) -> tu
 async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int) -> DataProto:
     """n samples per prompt (rows prompt-major), scored. Adds per-row tensors `acc` (the
     verifier's score), `seq_reward` (acc + overlong penalty) and, for ReMax,
-    `reward_baselines` (the shaped score of a greedy response to the same prompt)."""
+    `reward_baselines` (the shaped score of a greedy response to the same prompt). Rows that
+    could not be scored fail the step or leave with their prompt group
+    (reward_model.on_failure, controller/reward_calls.py); meta `reward_failed_rows` counts them."""
     roles, cfg, tokenizer = ctx.roles, ctx.cfg, ctx.tokenizer
     r, max_new = cfg.actor_rollout_ref.rollout, cfg.data.max_response_length
     gen = await roles.rollout.generate_sequences(
         prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=seed)
 
-    async def greedy_baseline() -> torch.Tensor:
+    async def greedy_baseline() -> tuple[RowScores, torch.Tensor]:
         base = await roles.rollout.generate_sequences(prompts, max_new_tokens=max_new, n=1, greedy=True)
-        return scoring.shaped_scores(await scoring.score(roles.reward, base, tokenizer), base["response_mask"], cfg)
+        scored = await scoring.score(roles.reward, base, tokenizer, cfg)
+        return scored, scoring.shaped_scores(scored.scores, base["response_mask"], cfg)
 
     remax = cfg.algorithm.adv_estimator == "remax"
-    scores, baselines = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer),
-                                             _maybe(greedy_baseline() if remax else None))
-    gen.tensors["acc"] = scores
-    gen.tensors["seq_reward"] = scoring.shaped_scores(scores, gen["response_mask"], cfg)
+    scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
+                                            _maybe(greedy_baseline() if remax else None))
+    failures = dict(scored.failures)
+    if remax:  # a prompt without a baseline cannot be trained on either
+        failures.update({p * r.n + i: f"ReMax baseline: {why}" for p, why in baseline[0].failures.items()
+                         for i in range(r.n)})
+    keep = settle(RowScores(scored.scores, failures), r.n, cfg)
+    gen.tensors["acc"] = scored.scores
+    gen.tensors["seq_reward"] = scoring.shaped_scores(scored.scores, gen["response_mask"], cfg)
     if remax:
-        gen.tensors["reward_baselines"] = baselines.repeat_interleave(r.n)
+        gen.tensors["reward_baselines"] = baseline[1].repeat_interleave(r.n)
+    if keep is not None:
+        gen = gen.index(keep)
+    gen.meta["reward_failed_rows"] = len(failures)
     return gen
 
 

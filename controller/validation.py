@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from controller.data import Example, collate
+from controller.reward_calls import settle
 from controller.scoring import decode_responses, score
 from tandem.algos import metrics as M
 
@@ -133,24 +134,35 @@ def metric_names(processed: dict[str, dict[str, dict[str, float]]], core_var: st
 
 
 async def _generate_scored(rollout, reward, examples: list[Example], tokenizer, max_new_tokens: int,
-                           n: int, greedy: bool, temperature: float = 1.0, top_p: float = 1.0,
+                           n: int, greedy: bool, cfg, temperature: float = 1.0, top_p: float = 1.0,
                            top_k: int = -1, seed: int | None = None, batch_prompts: int = 256):
-    """-> (scores [len(examples) * n], response texts), prompt-major."""
+    """-> (scores [len(examples) * n], NaN where a row could not be scored and
+    reward_model.on_failure=drop; response texts), prompt-major."""
     scores, texts = [], []
     for i in range(0, len(examples), batch_prompts):
         prompts = collate(examples[i:i + batch_prompts], tokenizer.pad_token_id)
         kw = {} if greedy else dict(temperature=temperature, top_p=top_p, top_k=top_k,
                                     seed=None if seed is None else seed + i)
         gen = await rollout.generate_sequences(prompts, max_new_tokens=max_new_tokens, n=n, greedy=greedy, **kw)
-        scores.append(await score(reward, gen, tokenizer))
+        scored = await score(reward, gen, tokenizer, cfg)
+        settle(scored, n, cfg, where="validation")  # raises with on_failure=fail
+        scores.append(scored.scores)
         texts.extend(decode_responses(gen, tokenizer))
     return torch.cat(scores), texts
 
 
-async def greedy_accuracy(rollout, reward, examples: list[Example], tokenizer, max_new_tokens: int) -> float:
-    """Mean score of one greedy response per prompt (the initial policy's accuracy)."""
-    scores, _ = await _generate_scored(rollout, reward, examples, tokenizer, max_new_tokens, n=1, greedy=True)
-    return float(scores.mean())
+async def greedy_accuracy(rollout, reward, examples: list[Example], tokenizer, max_new_tokens: int, cfg) -> float:
+    """Mean score of one greedy response per prompt (the initial policy's accuracy; rows that
+    could not be scored left out)."""
+    scores, _ = await _generate_scored(rollout, reward, examples, tokenizer, max_new_tokens, n=1, greedy=True,
+                                       cfg=cfg)
+    return float(scores.nanmean())
+
+
+def _scored(scores: torch.Tensor, *per_row: list) -> tuple[list, ...]:
+    """The rows that have a score (not NaN): (scores, *per_row) as lists."""
+    keep = [i for i, s in enumerate(scores.tolist()) if s == s]
+    return ([float(scores[i]) for i in keep], *([values[i] for i in keep] for values in per_row))
 
 
 async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: int) -> dict[str, float]:
@@ -162,24 +174,28 @@ async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: i
     max_new = cfg.data.max_response_length
     sources = [e.data_source or "unknown" for e in examples]
     greedy, greedy_texts = await _generate_scored(roles.rollout, roles.reward, examples, tokenizer, max_new,
-                                                  n=1, greedy=True)
-    out = {M.VAL_ACCURACY: float(greedy.mean())}
+                                                  n=1, greedy=True, cfg=cfg)
+    out = {M.VAL_ACCURACY: float(greedy.nanmean())}
+    failed = int(greedy.isnan().sum())
     if vk.do_sample:
         scores, texts = await _generate_scored(
-            roles.rollout, roles.reward, examples, tokenizer, max_new, n=vk.n, greedy=False,
+            roles.rollout, roles.reward, examples, tokenizer, max_new, n=vk.n, greedy=False, cfg=cfg,
             temperature=vk.temperature, top_p=vk.top_p, top_k=vk.top_k,
             seed=cfg.trainer.seed * 7_919 + 1_000_003 * step)
-        rows_sources = [s for s in sources for _ in range(vk.n)]
-        uids = [i for i in range(len(examples)) for _ in range(vk.n)]
+        failed += int(scores.isnan().sum())
+        rewards, rows_sources, uids, preds = _scored(
+            scores, [s for s in sources for _ in range(vk.n)], [i for i in range(len(examples)) for _ in range(vk.n)],
+            [extract_pred(t) for t in texts])
         out.update(metric_names(process_validation_metrics(
-            rows_sources, uids, {"reward": scores.tolist(), "pred": [extract_pred(t) for t in texts]},
-            seed=cfg.trainer.seed)))
+            rows_sources, uids, {"reward": rewards, "pred": preds}, seed=cfg.trainer.seed)))
         for source in sorted(set(sources)):
-            picked = [float(g) for g, s in zip(greedy, sources) if s == source]
-            out[f"val-aux/{source}/reward_greedy/mean@1"] = float(np.mean(picked))
+            picked = [float(g) for g, s in zip(greedy, sources) if s == source and g == g]
+            out[f"val-aux/{source}/reward_greedy/mean@1"] = float(np.mean(picked)) if picked else float("nan")
     else:
-        out.update(metric_names(process_validation_metrics(
-            sources, list(range(len(examples))),
-            {"reward": greedy.tolist(), "pred": [extract_pred(t) for t in greedy_texts]})))
+        rewards, row_sources, uids, preds = _scored(greedy, sources, list(range(len(examples))),
+                                                    [extract_pred(t) for t in greedy_texts])
+        out.update(metric_names(process_validation_metrics(row_sources, uids, {"reward": rewards, "pred": preds})))
+    if failed:
+        out[M.VAL_FAILED_ROWS] = float(failed)
     out[M.TIMING_TESTING] = time.perf_counter() - t0
     return out

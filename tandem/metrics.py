@@ -29,8 +29,9 @@ class RpcMetrics:
         self.latency.labels(self.role, method).observe(seconds)
 
 
-def start_metrics_server(port: int, registry: prom.CollectorRegistry, addr: str = "0.0.0.0"):
-    """Serve `registry` at http://addr:port/metrics in a daemon thread.
+def start_metrics_server(port: int, registry: prom.CollectorRegistry, addr: str = "127.0.0.1"):
+    """Serve `registry` at http://addr:port/metrics in a daemon thread. Plain HTTP with no
+    authentication, so loopback by default (gRPC ports have TLS and tokens; this one does not).
 
     Returns the WSGI server (call .shutdown() to stop; .server_port is the
     bound port, useful with port=0).

@@ -3,20 +3,24 @@
 A launcher starts the service processes a run needs, waits until each one serves, and
 returns their endpoints; at the end it stops them. The controller talks to this interface
 only, so where the services run (local processes today; containers or Ray actors later)
-is one file under controller/launchers/ plus one line in `LAUNCHERS`.
+is one file under controller/launchers/ plus one line in `LAUNCHERS`; `trainer.launcher` picks
+one (`local`: child processes; `compose`: containers that docker compose started; `ray`: Ray
+actors placed by placement groups). How a service process is started (argv, environment) is
+controller/launchers/commands.py, shared by all of them.
 
 Services given an endpoint in the config (`services.<role>.endpoint`) are attached to,
 whatever the launcher: `endpoints` asks the launcher only for the others.
 
-Deliberately not here: the clients that talk to the services (controller/roles.py), and a
-config key choosing the launcher (the run uses `DEFAULT_LAUNCHER` for now).
+Deliberately not here: the clients that talk to the services (controller/roles.py).
 """
 from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tandem.config import TandemConfig
 
 
 @dataclass(frozen=True)
@@ -27,6 +31,8 @@ class LaunchContext:
     run_dir: str  # logs/<role>.log go under it
     run_id: str  # each service tags its logs with it
     startup_timeout_s: float  # how long a service may take to report SERVING
+    hosts: Mapping[str, str] = field(default_factory=dict)  # role -> the address it binds (default 127.0.0.1)
+    cfg: TandemConfig | None = None  # the run's config (world sizes, Ray placement)
 
 
 class Launcher(ABC):
@@ -54,6 +60,8 @@ class Launcher(ABC):
 # name -> "module:class", imported only when picked
 LAUNCHERS: dict[str, str] = {
     "local": "controller.launchers.local:LocalLauncher",
+    "compose": "controller.launchers.compose:ComposeLauncher",
+    "ray": "controller.launchers.ray:RayLauncher",
 }
 DEFAULT_LAUNCHER = "local"
 
@@ -64,6 +72,15 @@ def get_launcher(name: str) -> type[Launcher]:
         raise ValueError(f"unknown launcher {name!r}; known launchers: {sorted(LAUNCHERS)}")
     module, _, cls = LAUNCHERS[name].partition(":")
     return getattr(importlib.import_module(module), cls)
+
+
+def log_tail(path: str, lines: int = 15) -> str:
+    """The last lines of a service's log, for the error when it dies while starting."""
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return "(no log)"
 
 
 async def endpoints(launcher: Launcher, roles: Sequence[str],

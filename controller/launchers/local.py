@@ -1,7 +1,8 @@
 """The local launcher: each service a child process on this machine (what `tandem run` uses).
 
-A service is started as `python -m services.<role> --config RUN/config.yaml --port-file
-RUN/logs/<role>.port --run-id ID`; it binds a free port and writes it to the port file
+A service is started with controller/launchers/commands.py's command (`python -m
+services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
+--run-id ID`, H = `services.<role>.host`); it binds a free port and writes it to the port file
 once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
 session, so Ctrl-C reaches only the controller, which then stops them.
 
@@ -14,26 +15,18 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Sequence
 
-from controller.launchers import LaunchContext, Launcher
+from controller.launchers import LaunchContext, Launcher, log_tail
+from controller.launchers.commands import connect_host, service_argv, service_env
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")
 
 
-def _tail(path: str, lines: int = 15) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 class LocalLauncher(Launcher):
-    """Services as child processes; endpoints on 127.0.0.1."""
+    """Services as child processes; each binds services.<role>.host (127.0.0.1 by default)."""
 
     def __init__(self, ctx: LaunchContext):
         super().__init__(ctx)
@@ -55,14 +48,17 @@ class LocalLauncher(Launcher):
         if os.path.exists(port_file):
             os.unlink(port_file)
         log_path = os.path.join(self._logs_dir, f"{role}.log")
-        cmd = [sys.executable, "-m", f"services.{role}", "--config", self.ctx.config_path,
-               "--port-file", port_file, "--run-id", self.ctx.run_id]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::UserWarning")
+        cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
+                           run_id=self.ctx.run_id)
+        env = dict(os.environ, **service_env())
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             self.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     start_new_session=True)  # Ctrl-C reaches us only
         self.logs[role] = log_path
         _log.info("service.started", role=role, pid=self.processes[role].pid, log=log_path)
+
+    def _host(self, role: str) -> str:
+        return self.ctx.hosts.get(role, "127.0.0.1")
 
     async def _wait_ready(self, roles: list[str]) -> dict[str, str]:
         """Wait for each role's port file; fail fast if one exits."""
@@ -74,10 +70,10 @@ class LocalLauncher(Launcher):
                 proc, port_file = self.processes[role], self._port_file(role)
                 if proc.poll() is not None:
                     raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"last lines of {self.logs[role]}:\n{_tail(self.logs[role])}")
+                                       f"last lines of {self.logs[role]}:\n{log_tail(self.logs[role])}")
                 if os.path.exists(port_file):
                     with open(port_file) as f:
-                        endpoints[role] = f"127.0.0.1:{int(f.read().strip())}"
+                        endpoints[role] = f"{connect_host(self._host(role))}:{int(f.read().strip())}"
                     pending.discard(role)
             if pending and time.monotonic() > deadline:
                 raise TimeoutError(f"services {sorted(pending)} not serving after "

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 
 
 def export(step_dir: str, out_dir: str) -> str:
@@ -26,7 +25,7 @@ def export(step_dir: str, out_dir: str) -> str:
                       ["services.actor.world_size=1",  # one rank here, whatever the run used
                        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
                        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1"])
-    init_distributed(ParallelConfig(), 0, 1, f"file://{tempfile.mkdtemp()}/rdzv", seed=1)
+    init_distributed(ParallelConfig(), 0, 1, seed=1)
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
     actor = ActorFront.in_process(cfg, len(tokenizer))
     actor.load(os.path.join(step_dir, "actor"))

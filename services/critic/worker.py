@@ -15,10 +15,8 @@ from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
-from tandem.models.build import build_gpt_model
-from tandem.models.compile import compile_layers
+from tandem.models.scalar_head import build_scalar_model
 from tandem.models.shape_from_config import model_shape
-from tandem.parallel import device
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches
@@ -38,11 +36,7 @@ class CriticWorker:
         m = cfg.critic.megatron
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
-        self.model = build_gpt_model(self.shape, head="scalar", tp=m.tensor_model_parallel_size,
-                                     pp=m.pipeline_model_parallel_size, ep=m.expert_model_parallel_size,
-                                     params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel)
-        if self.critic_cfg.use_torch_compile and device.has_cuda():
-            compile_layers(self.model)
+        self.model = build_scalar_model(self.shape, m, self.critic_cfg.use_torch_compile)
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
         self.load_balancing = load_balancing(self.model, self.shape, m, cfg.actor_rollout_ref.model)

@@ -150,6 +150,10 @@ TRAIN_NUM_KEPT_GROUPS = _define("train/num_kept_groups", "prompt groups kept for
 CRITIC_OVERLONG_REWARD_MEAN = _define(
     "critic/overlong_reward/mean", "mean over rows of the DAPO overlong penalty added to the score (<= 0)")
 CRITIC_OVERLONG_FRAC = _define("critic/overlong/frac", "fraction of rows longer than max_response_length - buffer len")
+REWARD_FAILED_ROWS = _define("reward/failed_rows", "rows the reward could not score, dropped with their "
+                             "prompt group (reward_model.on_failure=drop)")
+VAL_FAILED_ROWS = _define("val/failed_rows", "validation rows the reward could not score, left out of the "
+                          "validation metrics (reward_model.on_failure=drop)")
 REWARD_BASELINE_MEAN = _define("critic/reward_baseline/mean", "mean score of the greedy baseline responses (ReMax)")
 VAL_GREEDY_ACCURACY = VAL_ACCURACY  # greedy decoding, all validation prompts
 

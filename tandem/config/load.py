@@ -25,14 +25,15 @@ def _known_keys(node, prefix="") -> list[str]:
     return keys
 
 
-FREE_FORM = ("override_transformer_config", "override_optimizer_config")  # verl's dict-valued keys
+FREE_FORM = ("override_transformer_config", "override_optimizer_config", "reward_kwargs")  # dict-valued: any key inside
 
 
 def _under_free_form(key: str, known: list[str]) -> bool:
-    """A key inside a dict-valued section (verl's override_*_config: checked by validate())."""
-    for section in FREE_FORM:
-        head, _, rest = key.rpartition(f".{section}.")
-        if rest and f"{head}.{section}" in known:
+    """A key inside a dict-valued section (verl's override_*_config: checked by validate();
+    custom_reward_function.reward_kwargs: the user's function's keyword arguments)."""
+    for name in FREE_FORM:
+        head, _, rest = key.rpartition(f".{name}.")
+        if rest and f"{head}.{name}" in known:
             return True
     return False
 

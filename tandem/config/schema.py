@@ -151,9 +151,34 @@ class OverlongBufferConfig:  # DAPO overlong reward shaping (verl: reward_model.
 
 
 @dataclass
+class RewardModelPathConfig:  # verl: reward_model.model
+    path: Optional[str] = None  # a Hugging Face LlamaForSequenceClassification / Qwen2ForSequenceClassification directory
+
+
+@dataclass
 class RewardModelConfig:
     default_rule: str = "arithmetic"  # rule for rows whose data_source names no rule
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    # a model-based reward hosted by the reward service (verl's keys); it reads the policy's token ids
+    enable: bool = False
+    model: RewardModelPathConfig = field(default_factory=RewardModelPathConfig)
+    micro_batch_size_per_gpu: int = 16  # rows per reward-model forward
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # the reward model's layout and dtype
+    rule_coef: float = 0.0  # with enable: score = model score + rule_coef x rule (or custom function) score
+    # calling the reward service (the controller's side)
+    timeout_s: float = 300.0  # deadline of one Score call
+    max_retries: int = 3  # retries of a call answered UNAVAILABLE / RESOURCE_EXHAUSTED, with backoff
+    retry_backoff_s: float = 0.5  # first wait; doubles per retry
+    on_failure: str = "fail"  # a row that could not be scored: fail (the step fails) | drop (its prompt group)
+
+
+@dataclass
+class CustomRewardFunctionConfig:  # verl: custom_reward_function; run by the reward service
+    path: Optional[str] = None  # a Python file defining compute_score(data_source, solution_str, ground_truth, extra_info)
+    name: str = "compute_score"
+    reward_kwargs: Dict[str, Any] = field(default_factory=dict)  # extra keyword arguments of each call
+    timeout_s: float = 10.0  # per row; a call past it is killed and the row fails
+    num_workers: int = 2  # processes of the pool the function runs in
 
 
 @dataclass
@@ -219,6 +244,34 @@ class TrainerConfig:
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
+    launcher: str = "local"  # who starts the services: local (child processes) | compose | ray (controller/launchers/)
+
+
+@dataclass
+class RayPlacement:  # how the ray launcher places a service's ranks (one placement-group bundle per rank)
+    num_cpus: float = 1.0  # CPUs per rank
+    num_gpus: float = 0.0  # GPUs per rank (1 on GPU clusters)
+    resources: Dict[str, float] = field(default_factory=dict)  # custom Ray resources per rank, e.g. {node_a: 0.01}
+    strategy: Optional[str] = None  # PACK | STRICT_PACK | SPREAD | STRICT_SPREAD; None: STRICT_PACK at TP > 1, else SPREAD
+
+
+@dataclass
+class TLSConfig:  # TLS on a service's port (tandem/rpc/tls.py); one CA for the service and its callers
+    enable: bool = False
+    cert_file: Optional[str] = None  # the service's certificate chain, PEM (where the service is started)
+    key_file: Optional[str] = None  # its private key, PEM
+    ca_file: Optional[str] = None  # CA the caller checks the service against (None: system roots); client_auth: also the callers'
+    client_auth: bool = False  # mutual TLS: the service requires a caller certificate signed by ca_file
+    client_cert_file: Optional[str] = None  # the controller's certificate for mutual TLS
+    client_key_file: Optional[str] = None
+    server_name: Optional[str] = None  # name the certificate is checked against (None: the endpoint's host)
+
+
+@dataclass
+class AuthConfig:  # bearer token on a service's port (tandem/rpc/auth.py); the token is never in the config
+    token_file: Optional[str] = None  # a file holding the token
+    token_env: Optional[str] = None  # or the name of an environment variable holding it
+    health_without_token: bool = False  # grpc.health.v1 answers callers without a token
 
 
 @dataclass
@@ -226,6 +279,10 @@ class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    host: str = "127.0.0.1"  # address a started service binds (0.0.0.0: every interface)
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    ray: RayPlacement = field(default_factory=RayPlacement)
 
 
 @dataclass
@@ -243,6 +300,7 @@ class TandemConfig:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,28 +1,15 @@
-"""Build megatron-core GPTModels: the policy (LM head) and value models (scalar head)."""
+"""Build megatron-core GPTModels: the policy (LM head) and value models (scalar head, tandem/models/scalar_head.py)."""
 from __future__ import annotations
 
 import torch
 
+from tandem.models.scalar_head import ScalarHead
 from tandem.models.spec import ModelShape, transformer_config
 from tandem.parallel import device
 
 # megatron's compiled SwiGLU / bias-dropout-add fusions on GPUs (bench/actor_update_mfu.py
 # turns them off to measure what they bring)
 FUSE_ON_GPU = True
-
-
-class ScalarHead(torch.nn.Linear):
-    """hidden -> 1 value per token; replicated across TP ranks (its input is not split).
-
-    Called by GPTModel like its output_layer: returns (output, bias=None).
-    """
-
-    def __init__(self, hidden_size: int, dtype: torch.dtype):
-        super().__init__(hidden_size, 1, bias=False, dtype=dtype)
-        torch.nn.init.zeros_(self.weight)  # value starts at 0: no spurious early advantages
-
-    def forward(self, hidden, weight=None, runtime_gather_output=None, **kwargs):
-        return super().forward(hidden), None
 
 
 def layer_spec(moe: bool = False, qk_layernorm: bool = False):

@@ -39,12 +39,15 @@ class Family:
     check_shape(shape) refuses a shape this architecture cannot express (export, default table);
     config_from_shape(shape, dtype) -> config.json dict (after check_shape);
     mappings(shape, ep_rank, ep_size) -> every concrete mapping that expert-parallel rank holds.
+    head: "lm" (a causal LM) or "scalar" (a sequence-classification model: one score per token,
+    tandem/models/scalar_head.py).
     """
     architecture: str  # config.json "architectures", e.g. "LlamaForCausalLM"
     shape_from_config: Callable[[dict], ModelShape]
     check_shape: Callable[[ModelShape], None]
     config_from_shape: Callable[[ModelShape, str], dict]
     mappings: Callable[[ModelShape, int, int], list[Mapping]]
+    head: str = "lm"
 
 
 _FAMILIES: dict[str, Family] | None = None  # None until the first lookup loads families/

@@ -52,16 +52,32 @@ class ParallelConfig:
             raise ValueError("invalid parallel layout: " + "; ".join(problems))
 
 
+def local_tcp_rendezvous() -> str:
+    """`tcp://127.0.0.1:<free port>`: an init_method for ranks started together on this machine (tests,
+    benches); rank 0's TCPStore binds the port (another process may take it first: rare, then retry)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
-                     init_method: str, seed: int) -> None:
-    """Start torch.distributed and megatron parallel_state for this rank."""
+                     init_method: str | None = None, seed: int = 0, store=None) -> None:
+    """Start torch.distributed and megatron parallel_state for this rank. The ranks meet through
+    `store` (a torch TCPStore) or `init_method` (`tcp://host:port`, `env://`); a group of one
+    needs neither (an in-memory HashStore)."""
     from megatron.core import parallel_state
 
     cpu_compat.install()
     device.set_local_device(int(os.environ.get("LOCAL_RANK", rank)))
     if not torch.distributed.is_initialized():
+        if store is None and init_method is None:
+            if world_size != 1:
+                raise ValueError(f"{world_size} ranks need a rendezvous: a TCPStore or an init_method")
+            store = torch.distributed.HashStore()
         torch.distributed.init_process_group(
-            backend=device.backend(), init_method=init_method, rank=rank,
+            backend=device.backend(), init_method=init_method, store=store, rank=rank,
             world_size=world_size, timeout=datetime.timedelta(minutes=30))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,

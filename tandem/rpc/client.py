@@ -1,7 +1,8 @@
 """Async gRPC client base: channel options, deadlines, metadata, error mapping.
 
 `ServiceClient` wraps one generated stub. Every call has a deadline, carries
-the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id,
+the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id
+(and the endpoint's bearer token, over TLS when configured: tandem/rpc/security.py),
 and turns a failed call into the matching `TandemError` subclass with the
 message "<Service>.<Method>: <details>". No retries here: the controller
 decides what is safe to repeat (an update is not).
@@ -18,12 +19,14 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.rpc.errors import Unavailable, error_from_rpc
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 
-def make_channel(endpoint: str, max_message_mb: int = 512) -> grpc.aio.Channel:
-    """An insecure grpc.aio channel with deliberate message-size limits."""
+def make_channel(endpoint: str, max_message_mb: int = 512,
+                 security: EndpointSecurity = PLAINTEXT) -> grpc.aio.Channel:
+    """A grpc.aio channel with deliberate message-size limits; TLS and a bearer token per `security`."""
     max_bytes = max_message_mb * 1024 * 1024
-    return grpc.aio.insecure_channel(endpoint, options=[
+    return security.channel(endpoint, [
         ("grpc.max_send_message_length", max_bytes),
         ("grpc.max_receive_message_length", max_bytes),
     ])
@@ -39,13 +42,14 @@ class ServiceClient:
     """One endpoint, one stub; `await client.call("Score", request)`."""
 
     def __init__(self, endpoint: str, stub_cls: type, *, timeout_s: float = 600,
-                 metadata: dict | None = None, max_message_mb: int = 512):
+                 metadata: dict | None = None, max_message_mb: int = 512,
+                 security: EndpointSecurity = PLAINTEXT):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.service = stub_cls.__name__.removesuffix("Stub")
         self._metadata: dict[str, str] = {}
         self.set_metadata(**(metadata or {}))
-        self._channel = make_channel(endpoint, max_message_mb)
+        self._channel = make_channel(endpoint, max_message_mb, security)
         self.stub = stub_cls(self._channel)
 
     @property

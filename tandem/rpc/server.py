@@ -15,7 +15,8 @@ Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
 SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
 atomically once SERVING (removed at stop), per-RPC logs and optional
-Prometheus metrics via `tandem.rpc.interceptors`. Servicer methods are
+Prometheus metrics via `tandem.rpc.interceptors` (on 127.0.0.1 only). TLS and bearer tokens
+come from `security` (tandem/rpc/security.py, auth.py, tls.py). Servicer methods are
 `async def M(self, request, context)`; model work belongs on a
 `WorkerThread`, never on the loop.
 """
@@ -36,6 +37,7 @@ from tandem.logging import get_logger
 from tandem.metrics import RpcMetrics, start_metrics_server
 from tandem.rpc.errors import TandemError
 from tandem.rpc.interceptors import ContextInterceptor
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.v1 import actor_pb2, critic_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the descriptor pool)
 
 _log = get_logger("tandem.rpc.server")
@@ -109,12 +111,13 @@ def _write_port_file(path: str, port: int) -> None:
 async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127.0.0.1", port: int = 0,
                 port_file: str | None = None, max_message_mb: int = 512, grace_s: float = 5.0,
                 on_ready: Callable[[], Awaitable[Any]] | None = None,
-                metrics_port: int | None = None) -> None:
-    """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation."""
+                metrics_port: int | None = None, security: EndpointSecurity = PLAINTEXT) -> None:
+    """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation;
+    TLS and a bearer token on the port per `security` (tandem/rpc/security.py)."""
     max_bytes = max_message_mb * 1024 * 1024
     metrics = RpcMetrics(role)
     server = grpc.aio.server(
-        interceptors=[ContextInterceptor(metrics)],
+        interceptors=[ContextInterceptor(metrics), *security.server_interceptors()],
         options=[("grpc.max_send_message_length", max_bytes),
                  ("grpc.max_receive_message_length", max_bytes),
                  ("grpc.so_reuseport", 0)])
@@ -124,7 +127,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_generic_rpc_handlers([_generic_handler(name, obj) for name, obj in servicers])
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{role}: could not bind {host}:{port}")
 
@@ -147,7 +150,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
             await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if port_file:
             _write_port_file(port_file, bound)
-        _log.info("server.serving", host=host, port=bound, services=names[1:],
+        _log.info("server.serving", host=host, port=bound, services=names[1:], **security.describe,
                   metrics_port=httpd.server_port if httpd else None)
         await stop.wait()
         _log.info("server.stopping", reason="signal", grace_s=grace_s)

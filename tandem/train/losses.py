@@ -15,6 +15,7 @@ from tandem.data.batch import DataProto
 from tandem.models.forward import response_slice
 from tandem.models.logprobs import gather_vocab, log_probs_from_logits, token_stats
 from tandem.models.packing import PackedOutput, take_positions
+from tandem.models.scalar_head import token_values
 from tandem.parallel import device
 from tandem.train.schedule import reads_responses_only
 
@@ -118,7 +119,8 @@ def sft_loss(output: torch.Tensor, mb: DataProto):
 
 def values_of(output: torch.Tensor, mb: DataProto) -> torch.Tensor:
     """Critic output [B, T, 1] -> values at the positions that predict each response token: [B, R] fp32."""
-    return response_slice(output, mb["responses"].shape[1]).squeeze(-1).float()
+    r = mb["responses"].shape[1]
+    return token_values(output, output.shape[1] - r - 1, r)
 
 
 def critic_loss(output: torch.Tensor, mb: DataProto, cfg: CriticConfig):

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import data_pb2 as tandem_dot_v1_dot_data__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/reward.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\"/\n\x0cScoreRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"@\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x01\x12\x1f\n\x05\x65xtra\x18\x02 \x01(\x0b\x32\x10.tandem.v1.Batch2K\n\rRewardService\x12:\n\x05Score\x12\x17.tandem.v1.ScoreRequest\x1a\x18.tandem.v1.ScoreResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tandem/v1/reward.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\"/\n\x0cScoreRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"i\n\rScoreResponse\x12\x0e\n\x06scores\x18\x01 \x03(\x01\x12\x1f\n\x05\x65xtra\x18\x02 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\'\n\x08\x66\x61ilures\x18\x03 \x03(\x0b\x32\x15.tandem.v1.RowFailure\")\n\nRowFailure\x12\x0b\n\x03row\x18\x01 \x01(\x03\x12\x0e\n\x06reason\x18\x02 \x01(\t2K\n\rRewardService\x12:\n\x05Score\x12\x17.tandem.v1.ScoreRequest\x1a\x18.tandem.v1.ScoreResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,7 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SCOREREQUEST']._serialized_start=59
   _globals['_SCOREREQUEST']._serialized_end=106
   _globals['_SCORERESPONSE']._serialized_start=108
-  _globals['_SCORERESPONSE']._serialized_end=172
-  _globals['_REWARDSERVICE']._serialized_start=174
-  _globals['_REWARDSERVICE']._serialized_end=249
+  _globals['_SCORERESPONSE']._serialized_end=213
+  _globals['_ROWFAILURE']._serialized_start=215
+  _globals['_ROWFAILURE']._serialized_end=256
+  _globals['_REWARDSERVICE']._serialized_start=258
+  _globals['_REWARDSERVICE']._serialized_end=333
 # @@protoc_insertion_point(module_scope)

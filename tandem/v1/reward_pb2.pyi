@@ -14,9 +14,19 @@ class ScoreRequest(_message.Message):
     def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class ScoreResponse(_message.Message):
-    __slots__ = ("scores", "extra")
+    __slots__ = ("scores", "extra", "failures")
     SCORES_FIELD_NUMBER: _ClassVar[int]
     EXTRA_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
     scores: _containers.RepeatedScalarFieldContainer[float]
     extra: _data_pb2.Batch
-    def __init__(self, scores: _Optional[_Iterable[float]] = ..., extra: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+    failures: _containers.RepeatedCompositeFieldContainer[RowFailure]
+    def __init__(self, scores: _Optional[_Iterable[float]] = ..., extra: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., failures: _Optional[_Iterable[_Union[RowFailure, _Mapping]]] = ...) -> None: ...
+
+class RowFailure(_message.Message):
+    __slots__ = ("row", "reason")
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    row: int
+    reason: str
+    def __init__(self, row: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...

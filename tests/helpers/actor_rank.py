@@ -113,7 +113,7 @@ def main() -> int:
     from tandem.serving.rank_group import RankGroup
 
     cfg = actor_config(a)
-    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), a.rank, a.world, f"file://{a.rdzv}",
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), a.rank, a.world, a.rdzv,
                      seed=1)
     tokenizer = AutoTokenizer.from_pretrained(a.tok)
     worker = ActorWorker(cfg, len(tokenizer))

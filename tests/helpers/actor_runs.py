@@ -5,6 +5,8 @@ import sys
 
 import torch
 
+from tandem.parallel.layout import local_tcp_rendezvous
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb", "perf/cpu_memory_used_gb")
 
@@ -14,7 +16,7 @@ def run_actor(run_ranks, root, name: str, tokenizer_dir: str, world: int, tp: in
     """One actor run of `world` gloo processes -> (rank 0's result.pt, its output directory)."""
     out = root / name
     out.mkdir()
-    args = [str(world), str(tp), str(root / f"{name}.rdzv"), str(out), tokenizer_dir, "--pp", str(pp), "--ep", str(ep)]
+    args = [str(world), str(tp), local_tcp_rendezvous(), str(out), tokenizer_dir, "--pp", str(pp), "--ep", str(ep)]
     args += ["--sp"] if sp else []
     args += ["--load-from", str(load_from)] if load_from else []
     args += ["--init-from", str(init_from)] if init_from else []

@@ -2,7 +2,7 @@
 tests/unit/test_hf_convert.py (Llama / Qwen2 at TP=2) and test_moe_convert.py (Qwen3-MoE at
 EP=2 and at TP=2).
 
-usage: python tests/helpers/hf_rank.py RANK TP EP INIT_FILE OUT_DIR HF_DIR [HF_DIR ...]
+usage: python tests/helpers/hf_rank.py RANK TP EP tcp://HOST:PORT OUT_DIR HF_DIR [HF_DIR ...]
 
 World size 2 = TP x DP; experts are split over EP ranks (megatron carves EP out of DP x TP).
 For each checkpoint: load this rank's shard (its experts only at EP=2), run the same tokens
@@ -20,7 +20,7 @@ from hf_test_files import hf_tensors
 
 def main() -> int:
     rank, tp, ep = (int(a) for a in sys.argv[1:4])
-    init_file, out_dir, hf_dirs = sys.argv[4], sys.argv[5], sys.argv[6:]
+    init_method, out_dir, hf_dirs = sys.argv[4], sys.argv[5], sys.argv[6:]
     from megatron.core import parallel_state
 
     from tandem.convert.hf_export import export_hf
@@ -31,7 +31,7 @@ def main() -> int:
     from tandem.models.registry import architecture_of, shape_from_hf_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
-    init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{init_file}", seed=1)
+    init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, init_method, seed=1)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     for i, hf_dir in enumerate(hf_dirs):
         with open(os.path.join(hf_dir, "config.json")) as f:

@@ -39,7 +39,7 @@ def main() -> int:
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=2",
         "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.optim.lr=1e-2", "actor_rollout_ref.actor.optim.lr_warmup_steps=0"])
-    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, 2, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, 2, rdzv, seed=1)
     tokenizer = AutoTokenizer.from_pretrained(tok)
     actor = ActorWorker(cfg, len(tokenizer))
     colocated = hybrid.colocated_rollout_worker(actor, tokenizer, 64, False, generation_tp=1)

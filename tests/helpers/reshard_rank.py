@@ -26,7 +26,7 @@ def main() -> int:
     from tandem.models.registry import shape_from_hf_config, weight_mappings
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
-    init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, f"file://{rdzv}", seed=1)
+    init_distributed(ParallelConfig(tp=tp, ep=ep), rank, 2, rdzv, seed=1)
     for hf_dir in hf_dirs:
         with open(os.path.join(hf_dir, "config.json")) as f:
             shape = shape_from_hf_config(json.load(f))

@@ -50,3 +50,25 @@ def tiny_qwen3_moe(path, seed: int = 0, **overrides) -> pathlib.Path:
 
     torch.manual_seed(seed)
     return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**MOE, **overrides})), path)
+
+
+def tiny_reward_model(path, family: str = "llama", seed: int = 2, **overrides) -> pathlib.Path:
+    """A one-label XForSequenceClassification (a reward model): Llama, or Qwen2 (qkv bias, tied
+    embeddings in the config, which a classifier does not use). pad_token_id 0 (transformers reads
+    the score at the last token that is not it). Its score head is scaled up so scores differ
+    visibly between rows."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForSequenceClassification,
+        Qwen2Config,
+        Qwen2ForSequenceClassification,
+    )
+
+    config_cls, model_cls, tied = {"llama": (LlamaConfig, LlamaForSequenceClassification, False),
+                                   "qwen2": (Qwen2Config, Qwen2ForSequenceClassification, True)}[family]
+    torch.manual_seed(seed)
+    model = model_cls(config_cls(**{**DENSE, "tie_word_embeddings": tied, "num_labels": 1, "pad_token_id": 0,
+                                    **overrides}))
+    with torch.no_grad():
+        model.score.weight.normal_(0, 1.0)
+    return _save(model, path)

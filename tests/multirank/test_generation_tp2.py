@@ -1,7 +1,7 @@
 """The generation engine at TP=2 over gloo (2 processes): greedy equals full recompute,
 both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights.
 
-This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK INIT_FILE OUT_DIR`.
+This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK tcp://HOST:PORT OUT_DIR`.
 """
 import os
 import sys
@@ -37,12 +37,12 @@ def generate(model):
 
 
 def main() -> int:
-    rank, init_file, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    rank, init_method, out_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     from tandem.models.forward import forward_logits
     from tandem.models.logprobs import gather_vocab
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
-    init_distributed(ParallelConfig(tp=2), rank, 2, f"file://{init_file}", seed=1)
+    init_distributed(ParallelConfig(tp=2), rank, 2, init_method, seed=1)
     model = build(tp=2)
     out = generate(model)
     with torch.no_grad():  # greedy vs full recompute, at TP=2
@@ -59,8 +59,11 @@ def main() -> int:
 
 
 def test_generation_tp2_matches_recompute_and_tp1(megatron_dist, tmp_path, run_ranks):
+    from tandem.parallel.layout import local_tcp_rendezvous
+
     cmd = [sys.executable, str(Path(__file__).resolve())]
-    run_ranks([cmd + [str(r), str(tmp_path / "init"), str(tmp_path)] for r in range(2)], timeout=240)
+    rendezvous = local_tcp_rendezvous()
+    run_ranks([cmd + [str(r), rendezvous, str(tmp_path)] for r in range(2)], timeout=240)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in range(2))
     for key in r0:
         assert torch.equal(r0[key], r1[key]), f"ranks disagree on {key}"

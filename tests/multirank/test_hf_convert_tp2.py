@@ -7,13 +7,15 @@ import sys
 
 from tiny_hf import MOE_VARIANTS, tiny_llama, tiny_qwen2, tiny_qwen3_moe
 
+from tandem.parallel.layout import local_tcp_rendezvous
+
 RANK_SCRIPT = str(pathlib.Path(__file__).resolve().parents[1] / "helpers" / "hf_rank.py")
 ROPE = dict(rope_theta=500000.0)
 
 
 def test_dense_logits_and_round_trip_tp2(tmp_path, run_ranks):
     dirs = [tiny_llama(tmp_path / "llama", **ROPE), tiny_qwen2(tmp_path / "qwen2", **ROPE)]
-    args = ["2", "1", str(tmp_path / "init"), str(tmp_path / "out"), *(str(d) for d in dirs)]
+    args = ["2", "1", local_tcp_rendezvous(), str(tmp_path / "out"), *(str(d) for d in dirs)]
     outs = run_ranks([[sys.executable, RANK_SCRIPT, str(r), *args] for r in range(2)], timeout=120)
     assert outs[0].count("bit-exact") == 2, outs[0][-3000:]
 
@@ -23,7 +25,7 @@ def test_moe_logits_and_round_trip_ep2_and_tp2(tmp_path, run_ranks):
     (attention and every expert split over 2 ranks), each against transformers."""
     dirs = [tiny_qwen3_moe(tmp_path / name, seed=i, **kw) for i, (name, kw) in enumerate(MOE_VARIANTS.items())]
     for tp, ep in ((1, 2), (2, 1)):
-        args = [str(tp), str(ep), str(tmp_path / f"init{tp}{ep}"), str(tmp_path / f"out{tp}{ep}"),
+        args = [str(tp), str(ep), local_tcp_rendezvous(), str(tmp_path / f"out{tp}{ep}"),
                 *(str(d) for d in dirs)]
         outs = run_ranks([[sys.executable, RANK_SCRIPT, str(r), *args] for r in range(2)], timeout=300)
         assert outs[0].count("bit-exact") == len(dirs), outs[0][-3000:]

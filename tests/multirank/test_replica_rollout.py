@@ -8,13 +8,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from tandem.parallel.layout import local_tcp_rendezvous
+
 KEYS = ("prompts", "responses", "response_mask", "input_ids", "attention_mask")
 
 
 @pytest.mark.parametrize("layout", ["tp2", "pp2"])
 def test_tp1_replicas_follow_the_sharded_actor(tmp_path, arithmetic_tokenizer_dir, run_ranks, layout):
     script = str(Path(__file__).parents[1] / "helpers" / "replica_rank.py")
-    run_ranks([[sys.executable, script, str(r), str(tmp_path / "rdzv"), str(tmp_path), arithmetic_tokenizer_dir,
+    rendezvous = local_tcp_rendezvous()
+    run_ranks([[sys.executable, script, str(r), rendezvous, str(tmp_path), arithmetic_tokenizer_dir,
                 layout] for r in range(2)], timeout=600)
     result = torch.load(tmp_path / "result.pt", weights_only=False)
     assert result["syncs"] == 2

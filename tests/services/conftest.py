@@ -6,6 +6,7 @@ started together (one process each) by the controller's local launcher, as `tand
 """
 import asyncio
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import grpc
@@ -36,9 +37,11 @@ class Services:
             RewardClient,
             RolloutClient,
         )
+        from controller.roles import security
 
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
-        return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id})
+        return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},
+                   security=security(self.cfg, role or kind))
 
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
@@ -49,8 +52,23 @@ class Services:
         return DataProto(tensors={"input_ids": ids, "attention_mask": mask})
 
 
-@pytest.fixture(scope="session")
-def services(tmp_path_factory):
+SERVICE_TEST_CONFIG = [
+    "trainer.experiment_name=service_tests",
+    "data.builtin_train_size=200", "data.builtin_val_size=16", "data.train_batch_size=4",
+    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=4",
+    "actor_rollout_ref.model.init_std=0.3", "actor_rollout_ref.rollout.mode=colocated",
+    "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.shuffle=false",
+    "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
+    "services.actor.torch_threads=1"]
+
+
+@contextmanager
+def launched(base, overrides: list[str]):
+    """All four roles as real processes from one run's config (+ `overrides`): actor (colocated
+    rollout), reward and critic from config.yaml, a standalone rollout from a copy with
+    rollout.mode=standalone, started in parallel by the controller's local launcher -> Services;
+    every process stopped afterwards."""
     from transformers import AutoTokenizer
 
     from controller.launchers import LaunchContext
@@ -59,17 +77,7 @@ def services(tmp_path_factory):
     from tandem.config import load_config, to_yaml
     from tandem.models.shape_from_config import padded_vocab_size
 
-    base = tmp_path_factory.mktemp("service_runs")
-    cfg = load_config(None, [
-        f"trainer.default_local_dir={base}", "trainer.experiment_name=service_tests",
-        "data.builtin_train_size=200", "data.builtin_val_size=16", "data.train_batch_size=4",
-        "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=4",
-        "actor_rollout_ref.model.init_std=0.3", "actor_rollout_ref.rollout.mode=colocated",
-        "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.shuffle=false",
-        "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
-        "services.actor.torch_threads=1",
-        "services.actor.world_size=2"])  # the actor as two DP ranks: bad input must leave every rank intact
+    cfg = load_config(None, [f"trainer.default_local_dir={base}", *SERVICE_TEST_CONFIG, *overrides])
     cfg, run_dir = create_run_dir(cfg)
     run_id = os.path.basename(run_dir)
     standalone = replace(cfg, actor_rollout_ref=replace(
@@ -97,6 +105,13 @@ def services(tmp_path_factory):
     for launcher in launchers:
         for role, proc in launcher.processes.items():
             assert proc.returncode is not None, f"{role} service still running"
+
+
+@pytest.fixture(scope="session")
+def services(tmp_path_factory):
+    # the actor as two DP ranks: bad input must leave every rank intact
+    with launched(tmp_path_factory.mktemp("service_runs"), ["services.actor.world_size=2"]) as running:
+        yield running
 
 
 # ---- helpers ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 from tandem.algos import advantages, aggregate
 from tandem.algos import losses as algo_losses
 from tandem.config import ConfigError, MegatronConfig, TandemConfig, checks, load_config, validate
-from tandem.config.checks import actor, algorithm, memory, parallel, rollout, trainer
+from tandem.config.checks import actor, algorithm, memory, parallel, placement, reward, rollout, services, trainer
 from tandem.config.model_file import check_model, check_moe
 
 A = "actor_rollout_ref"
@@ -106,7 +106,7 @@ def test_a_check_runs_on_its_own():
 
 def test_validate_runs_every_check():
     """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's)."""
-    defined = {fn for module in (actor, algorithm, memory, parallel, rollout, trainer)
+    defined = {fn for module in (actor, algorithm, memory, parallel, placement, reward, rollout, services, trainer)
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}
     assert defined | {check_model} == set(checks.CHECKS)

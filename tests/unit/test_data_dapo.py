@@ -102,7 +102,8 @@ def test_dynamic_sampling_fills_the_batch_and_counts_drops():
     rounds = [[1, 1, 0, 1], [0, 0, 1, 0, 0, 1]]
     out, m = asyncio.run(collect_varied_groups(scripted(rounds), lambda k: None, dapo_cfg(), pad_id=0))
     assert out["acc"].tolist() == [0, 1, 1, 0]  # exactly train_batch_size groups
-    assert m == {"train/num_gen_batches": 2.0, "train/num_dropped_groups": 2.0, "train/num_kept_groups": 2.0}
+    assert m == {"train/num_gen_batches": 2.0, "train/num_dropped_groups": 2.0, "train/num_kept_groups": 2.0,
+                 "reward/failed_rows": 0.0}
 
 
 def test_dynamic_sampling_bound():
@@ -119,3 +120,19 @@ def test_collate_left_pads():
 
     b = collate([Example([1, 5], "a", "1", "s", {}), Example([1, 6, 7], "b", "2", "s", {})], pad_id=0)
     assert b["input_ids"].tolist() == [[0, 1, 5], [1, 6, 7]] and b["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+
+
+def test_dynamic_sampling_counts_rows_the_reward_dropped():
+    """Rows dropped for a failed reward (meta reward_failed_rows, reward_model.on_failure=drop) are
+    summed over the rounds; a round left with no rows is skipped."""
+    async def generate(prompts, i):
+        if i == 0:
+            empty = gen_rows(3, 0, [])
+            empty.meta["reward_failed_rows"] = 4
+            return empty
+        rows = gen_rows(3, 4, [0, 1, 1, 0])
+        rows.meta["reward_failed_rows"] = 2
+        return rows
+    out, m = asyncio.run(collect_varied_groups(generate, lambda k: None, dapo_cfg(), pad_id=0))
+    assert out["acc"].tolist() == [0, 1, 1, 0]
+    assert m["reward/failed_rows"] == 6.0 and m["train/num_gen_batches"] == 2.0

@@ -38,7 +38,8 @@ def mistral_family() -> registry.Family:
 
 
 def test_built_in_families():
-    assert registry.architectures() == ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3MoeForCausalLM"]
+    assert registry.architectures() == ["LlamaForCausalLM", "LlamaForSequenceClassification", "Qwen2ForCausalLM",
+                                        "Qwen2ForSequenceClassification", "Qwen3MoeForCausalLM"]
     dense = registry.shape_from_hf_config(LLAMA_CONFIG)
     assert registry.default_architecture(dense) == "LlamaForCausalLM"
     qwen2 = registry.shape_from_hf_config(dict(LLAMA_CONFIG, architectures=["Qwen2ForCausalLM"]))
@@ -73,7 +74,8 @@ def test_duplicate_registration_raises(scratch_registry):
 
 
 def test_unknown_architecture_names_the_known_ones():
-    known = r"known architectures: \['LlamaForCausalLM', 'Qwen2ForCausalLM', 'Qwen3MoeForCausalLM'\]"
+    known = (r"known architectures: \['LlamaForCausalLM', 'LlamaForSequenceClassification', 'Qwen2ForCausalLM', "
+             r"'Qwen2ForSequenceClassification', 'Qwen3MoeForCausalLM'\]")
     with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\] \(exactly one known architecture "
                                          r"expected\); " + known):
         registry.shape_from_hf_config(dict(LLAMA_CONFIG, architectures=["GPT2LMHeadModel"]))
@@ -81,3 +83,23 @@ def test_unknown_architecture_names_the_known_ones():
         registry.hf_config_from_shape(ModelShape(), "GPT2LMHeadModel")
     with pytest.raises(ValueError, match=r"architecture='GPT2LMHeadModel' \(unknown architecture\); " + known):
         registry.weight_mappings(ModelShape(), architecture="GPT2LMHeadModel")
+
+
+def test_sequence_classification_families_are_the_causal_table_with_a_score_head():
+    """A reward model's table: the causal LM's minus lm_head, plus score.weight on the scalar head;
+    one label only, and never an export target."""
+    for causal, seq_cls in (("LlamaForCausalLM", "LlamaForSequenceClassification"),
+                            ("Qwen2ForCausalLM", "Qwen2ForSequenceClassification")):
+        config = dict(LLAMA_CONFIG, architectures=[seq_cls], id2label={"0": "LABEL_0"})
+        shape = registry.shape_from_hf_config(config)
+        assert shape == registry.shape_from_hf_config(dict(config, architectures=[causal]))
+        assert registry.family(seq_cls).head == "scalar" and registry.family(causal).head == "lm"
+        lm = {(m.megatron, m.hf_names) for m in registry.weight_mappings(shape, architecture=causal)}
+        rm = {(m.megatron, m.hf_names) for m in registry.weight_mappings(shape, architecture=seq_cls)}
+        assert lm - rm == {("output_layer.weight", ("lm_head.weight",))}
+        assert rm - lm == {("output_layer.weight", ("score.weight",))}
+        with pytest.raises(ValueError, match=r"num_labels=2 \(a reward model has one label"):
+            registry.shape_from_hf_config(dict(config, id2label={"0": "A", "1": "B"}))
+        with pytest.raises(ValueError, match="loaded, not exported"):
+            registry.hf_config_from_shape(shape, seq_cls)
+        assert registry.default_architecture(shape) == causal

@@ -8,11 +8,17 @@ token ("the answer is 168." matches "168"; "1680" and "16.8" do not), else 0.0.
 
     python -m services.reward.examples.external_server --port 0 --port-file F
     tandem run services.reward.endpoint=127.0.0.1:PORT   # the controller attaches to it
+
+Locked: --token-file F / --token-env VAR requires `authorization: Bearer <token>` on every call
+(compared in constant time; health checks too unless --health-without-token); --tls-cert and
+--tls-key serve TLS (--tls-ca with --require-client-cert: mutual TLS). Binds 127.0.0.1 unless
+--host says otherwise.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import os
 import re
@@ -80,12 +86,56 @@ class Reward(reward_pb2_grpc.RewardServiceServicer):
         return reward_pb2.ScoreResponse(scores=scores)
 
 
-async def serve(host: str, port: int, port_file: str | None) -> None:
-    server = grpc.aio.server()
+class TokenAuth(grpc.aio.ServerInterceptor):
+    """UNAUTHENTICATED unless the call carries `authorization: Bearer <token>` (health optionally open)."""
+
+    def __init__(self, token: str, health_open: bool):
+        self.expected, self.health_open = f"Bearer {token}".encode(), health_open
+
+    async def intercept_service(self, continuation, details):
+        sent = [v for k, v in details.invocation_metadata or () if k == "authorization"]
+        ok = len(sent) == 1 and hmac.compare_digest(str(sent[0]).encode(), self.expected)
+        if ok or (self.health_open and details.method.startswith("/grpc.health.v1.Health/")):
+            return await continuation(details)
+
+        async def deny(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid bearer token" if sent else "missing bearer token")
+        return grpc.unary_unary_rpc_method_handler(deny)
+
+
+def read_token(a) -> str | None:
+    token = None
+    if a.token_file:
+        with open(a.token_file) as f:
+            token = f.read().strip()
+    elif a.token_env:
+        token = os.environ.get(a.token_env, "").strip()
+    if (a.token_file or a.token_env) and not token:
+        raise SystemExit("external reward: the token is empty")
+    return token
+
+
+def bind(server, a) -> int:
+    address = f"{a.host}:{a.port}"
+    if not a.tls_cert:
+        return server.add_insecure_port(address)
+    def read(path):
+        with open(path, "rb") as f:
+            return f.read()
+    creds = grpc.ssl_server_credentials([(read(a.tls_key), read(a.tls_cert))],
+                                        root_certificates=read(a.tls_ca) if a.tls_ca else None,
+                                        require_client_auth=a.require_client_cert)
+    return server.add_secure_port(address, creds)
+
+
+async def serve(a) -> None:
+    token = read_token(a)
+    server = grpc.aio.server(interceptors=[TokenAuth(token, a.health_without_token)] if token else [])
     reward_pb2_grpc.add_RewardServiceServicer_to_server(Reward(), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    host, port_file = a.host, a.port_file
+    bound = bind(server, a)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -110,8 +160,17 @@ def main(argv=None) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
+    p.add_argument("--token-file", help="require this bearer token (a file holding it)")
+    p.add_argument("--token-env", help="require this bearer token (an environment variable holding it)")
+    p.add_argument("--health-without-token", action="store_true", help="answer health checks without a token")
+    p.add_argument("--tls-cert", help="serve TLS with this certificate chain (PEM)")
+    p.add_argument("--tls-key", help="... and this private key (PEM)")
+    p.add_argument("--tls-ca", help="CA of client certificates (with --require-client-cert)")
+    p.add_argument("--require-client-cert", action="store_true", help="mutual TLS")
     a = p.parse_args(argv)
-    asyncio.run(serve(a.host, a.port, a.port_file))
+    if bool(a.tls_cert) != bool(a.tls_key) or (a.require_client_cert and not a.tls_ca):
+        p.error("--tls-cert and --tls-key go together; --require-client-cert needs --tls-ca")
+    asyncio.run(serve(a))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
-"""What the families share: RoPE parsing, the common config.json checks and fields, and the
+"""What the families share: RoPE parsing, the common config.json checks and fields, the
 decoder name table (embedding, attention, norms, dense SwiGLU MLP, head) that Llama uses as it
-is and Qwen2 / Qwen3-MoE reuse.
+is and Qwen2 / Qwen3-MoE reuse, and the sequence-classification variant of a causal family.
 
 Not a family (the registry skips `_*` modules). Refusals go through registry.refuse, so every
 message has one format and names the known architectures.
@@ -8,7 +8,7 @@ message has one format and names the known architectures.
 from __future__ import annotations
 
 from tandem.models.mapping import LAYER, QKV, Direct, GatedMLP, Mapping, expand
-from tandem.models.registry import refuse
+from tandem.models.registry import Family, refuse
 from tandem.models.spec import ModelShape
 
 # ---- config.json -> ModelShape ------------------------------------------------------------
@@ -150,3 +150,34 @@ def dense_mappings(shape: ModelShape, ep_rank: int, ep_size: int) -> list[Mappin
     """A dense family's concrete table: the decoder table at every layer (no experts, so the
     same on every expert-parallel rank)."""
     return expand(decoder_table(shape), shape.num_hidden_layers)
+
+
+# ---- sequence classification (reward models) ----------------------------------------------
+
+
+def num_labels(c: dict) -> int:
+    """transformers' num_labels: len(id2label) when the file has it, else num_labels (default 2)."""
+    labels = c.get("id2label")
+    return len(labels) if labels else int(c.get("num_labels", 2))
+
+
+def sequence_classification(causal: Family) -> Family:
+    """`XForSequenceClassification` of a causal family: the same trunk, config.json and checks,
+    one label, and the causal table minus `lm_head` plus `score.weight` (the scalar head,
+    replicated over TP). Loaded only (reward models): never chosen or written as an export target."""
+    architecture = causal.architecture.replace("ForCausalLM", "ForSequenceClassification")
+    score = Direct("output_layer.weight", "score.weight")
+
+    def shape_from_config(c: dict) -> ModelShape:
+        if num_labels(c) != 1:
+            refuse("num_labels", num_labels(c), "a reward model has one label (a scalar score)")
+        return causal.shape_from_config(c)
+
+    def check_shape(shape: ModelShape) -> None:
+        refuse("architecture", architecture, "sequence-classification models are loaded, not exported")
+
+    def mappings(shape: ModelShape, ep_rank: int, ep_size: int) -> list[Mapping]:
+        trunk = [m for m in causal.mappings(shape, ep_rank, ep_size) if m.megatron != "output_layer.weight"]
+        return [*trunk, score]
+
+    return Family(architecture, shape_from_config, check_shape, causal.config_from_shape, mappings, head="scalar")

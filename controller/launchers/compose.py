@@ -1,0 +1,76 @@
+"""The compose launcher: services that docker compose started, found by their compose names.
+
+deploy/compose.yaml (generated from controller/launchers/commands.py by compose_file.py) runs
+each role as a container named after the role (`actor`, `reward`, ...; the CPU profile's
+`actor-cpu` answers to `actor` too) on a fixed port (commands.PORTS), next to a controller
+container that runs `tandem run` with `trainer.launcher=compose`. This launcher starts nothing:
+it waits until each role the run needs answers SERVING at `<role>:<port>` (grpc health) and
+returns those endpoints; a role that never does is an error naming the compose service and
+profile that provide it. `services.<role>.endpoint` still wins (controller/launchers/__init__.py).
+
+Deliberately not here: starting or stopping containers (`docker compose up` / `down` own their
+lifetime, so `stop` leaves them running) and restarts (compose's restart policy restarts a
+container; the run does not reconnect to it yet, so `restart` raises NotImplementedError).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from controller.launchers import LaunchContext, Launcher
+from controller.launchers.commands import PORTS
+
+# the compose profiles that run each role (the GPU profile's names; `cpu` likewise)
+PROFILE = {"actor": "gpu", "reward": "gpu", "rollout": "gpu-ppo", "critic": "gpu-ppo"}
+
+
+def compose_address(role: str) -> str:
+    """Where a role's compose service answers on the compose network."""
+    return f"{role}:{PORTS[role]}"
+
+
+async def _serving(target: str, timeout_s: float = 2.0) -> bool:
+    async with grpc.aio.insecure_channel(target) as channel:
+        try:
+            reply = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+class ComposeLauncher(Launcher):
+    """Containers started by `docker compose up`; endpoints `<role>:<port>` (see module doc)."""
+
+    def __init__(self, ctx: LaunchContext, address: Callable[[str], str] = compose_address):
+        super().__init__(ctx)
+        self._address = address
+
+    async def start(self, roles: Sequence[str]) -> dict[str, str]:
+        found = {role: self._address(role) for role in roles}
+        deadline = time.monotonic() + self.ctx.startup_timeout_s
+        pending = dict(found)
+        while pending:
+            for role, target in list(pending.items()):
+                if await _serving(target):
+                    del pending[role]
+            if not pending:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("; ".join(
+                    f"the {role} service is not serving at {target} after {self.ctx.startup_timeout_s:g}s "
+                    f"(its compose service runs in profile {PROFILE[role]} or "
+                    f"{PROFILE[role].replace('gpu', 'cpu')}: add `--profile ...` to `docker compose up`)"
+                    for role, target in sorted(pending.items())))
+            await asyncio.sleep(1.0)
+        return found
+
+    def stop(self) -> None:
+        """Nothing: the containers belong to compose (`docker compose down` stops them)."""
+
+    async def restart(self, role: str) -> str:
+        raise NotImplementedError(f"the compose launcher cannot restart the {role} service: compose's restart "
+                                  f"policy restarts its container, but a run does not reconnect to it yet")

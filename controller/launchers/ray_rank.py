@@ -1,0 +1,81 @@
+"""One rank of a service under the Ray launcher: a Ray actor that runs the service process on its node.
+
+The Ray launcher (controller/launchers/ray.py) creates one `ServiceRank` actor per rank, placed in
+its service's placement group; the actor starts the rank with the command from
+controller/launchers/commands.py (as a child process, so a service runs exactly as under the
+local launcher: its own torch.distributed, gRPC server and signal handling), and reports back
+what the launcher needs through return values: its node, a free port for the rendezvous, and
+rank 0's bound port once the service is SERVING.
+
+Deliberately not here: choosing nodes (the placement group does), talking gRPC to the service.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from controller.launchers import log_tail
+
+
+class ServiceRank:
+    """A service rank's process on the node Ray placed this actor on."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+
+    def node(self) -> dict:
+        """{node_id, ip, hostname} of this actor's node."""
+        import ray
+
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(),
+                "hostname": socket.gethostname()}
+
+    def free_port(self, host: str) -> int:
+        """A port free on this node now (rank 0's TCPStore binds it right after)."""
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
+
+    def start(self, argv: list[str], env: dict[str, str], log_path: str, config_path: str,
+              port_file: str | None, timeout_s: float) -> int | None:
+        """Start the rank (argv[0] becomes this node's Python) -> its bound port (when `port_file`
+        is given: rank 0 waits until the service is SERVING), else None."""
+        if not os.path.exists(config_path):
+            raise FileNotFoundError(f"{config_path} is not visible on node {socket.gethostname()}: the Ray launcher "
+                                    f"needs the run directory (trainer.default_local_dir) on storage every node mounts")
+        if port_file and os.path.exists(port_file):
+            os.unlink(port_file)
+        os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, *argv[1:]], stdout=log, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, **env), start_new_session=True)
+        if not port_file:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(port_file):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"exited with code {self.proc.returncode} while starting; last lines of "
+                                   f"{log_path}:\n{log_tail(log_path)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not serving after {timeout_s:g}s; see {log_path}")
+            time.sleep(0.2)
+        with open(port_file) as f:
+            return int(f.read().strip())
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM the rank, SIGKILL it after `grace_s` -> its exit code."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.exit_code()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()

@@ -1,0 +1,100 @@
+"""`tandem run` with trainer.launcher=ray on a local two-node Ray cluster, against the local launcher.
+
+The cluster is Ray's own `ray.cluster_utils.Cluster`: two nodes (separate raylets) on this machine,
+one with the custom resource `node_a`, the other with `node_b`; the config pins the actor (two
+data-parallel ranks, each its own Ray actor in one placement group, meeting over TCP at rank 0's
+node) to node_a and the standalone rollout and the reward to node_b. Checks: the run completes,
+each service rank logged the Ray node it ran on and those are the nodes its resources name, and
+its metrics equal those of the same config under the local launcher (every non-timing key).
+
+Ray runs in its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: every node on
+127.0.0.1), set before Ray is imported, so no traffic leaves the loopback interface.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+ray = pytest.importorskip("ray", reason="trainer.launcher=ray needs Ray: pip install -e '.[ray]' (not installed)")
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_training_steps=2",
+        "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=200",
+        "data.builtin_val_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "services.actor.torch_threads=1", "trainer.test_freq=0", "trainer.logger=[console,jsonl]",
+        "actor_rollout_ref.rollout.mode=standalone", "services.actor.world_size=2"]
+PLACEMENT = ["services.actor.ray.resources={node_a: 1}", "services.rollout.ray.resources={node_b: 1}",
+             "services.reward.ray.resources={node_b: 1}"]
+VOLATILE = ("timing_s/", "perf/")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    for attempt in range(2):  # a raylet must register within Ray's fixed 30 s; a loaded machine may miss it once
+        try:
+            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": {"node_a": 4},
+                                                              "include_dashboard": False})
+            worker = c.add_node(num_cpus=4, resources={"node_b": 4})
+            c.wait_for_nodes()
+            break
+        except Exception:  # noqa: BLE001 - Ray raises a bare Exception on a slow raylet
+            if attempt:
+                raise
+    c.nodes_by_resource = {"node_a": c.head_node.node_id, "node_b": worker.node_id}
+    yield c
+    c.shutdown()
+
+
+def run(tmp_path, name: str, overrides: list[str], env: dict) -> pathlib.Path:
+    out = tmp_path / name
+    proc = subprocess.run([sys.executable, "-m", "controller", "run", *TINY, *overrides,
+                           f"trainer.default_local_dir={out}", f"trainer.experiment_name={name}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    (run_dir,) = out.iterdir()
+    return run_dir
+
+
+def metrics(run_dir: pathlib.Path) -> list[dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows]
+
+
+def placements(run_dir: pathlib.Path) -> dict[tuple[str, int], str]:
+    """{(role, rank): Ray node id} from each rank's `service.process` log line."""
+    found = {}
+    for log in (run_dir / "logs").glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if '"service.process"' in line:
+                event = json.loads(line)
+                found[(event["role"], event["rank"])] = event["node_id"]
+    return found
+
+
+def test_ray_two_nodes_same_metrics_as_local(cluster, tmp_path):
+    node_of = cluster.nodes_by_resource
+    assert len(set(node_of.values())) == 2
+
+    ray_env = dict(os.environ, RAY_ADDRESS=cluster.address)
+    ray_dir = run(tmp_path, "on_ray", ["trainer.launcher=ray", *PLACEMENT], ray_env)
+    placed = placements(ray_dir)
+    assert placed == {("actor", 0): node_of["node_a"], ("actor", 1): node_of["node_a"],
+                      ("rollout", 0): node_of["node_b"], ("reward", 0): node_of["node_b"]}
+    ray.init(address=cluster.address, log_to_driver=False)
+    try:
+        # the launcher removed its placement groups and actors at the end of the run
+        assert [pg for pg in ray.util.placement_group_table().values() if pg["state"] != "REMOVED"] == []
+    finally:
+        ray.shutdown()
+
+    local_dir = run(tmp_path, "local", [], dict(os.environ))
+    assert set(placements(local_dir).values()) == {None}  # no Ray node under the local launcher
+    got, want = metrics(ray_dir), metrics(local_dir)
+    assert [r["step"] for r in got if "actor/pg_loss" in r] == [1, 2]
+    assert got == want
