@@ -197,3 +197,23 @@ def test_plain_and_distributed_optimizer_checkpoints_do_not_cross_and_say_why(me
     with pytest.raises(ValueError, match="use_distributed_optimizer must be false to load it"):
         other.load(path)
     assert all(torch.equal(before[k], v) for k, v in other.export_weights().items())
+
+
+def test_distributed_optimizer_with_offload_resumes_exactly(megatron_dist, arithmetic_tokenizer, tmp_path):
+    """megatron's distributed optimizer (one rank) with every offload key: saved while its state is in
+    host memory, loaded into a fresh actor whose state is out too, the next step is the uninterrupted one
+    (the step counters come back per parameter: a shared one would advance once per parameter)."""
+    dist = "actor_rollout_ref.actor.megatron.use_distributed_optimizer=true"
+    actor, rollout = make_actor(arithmetic_tokenizer, dist, *OFFLOAD_ALL)
+    grpo_step(actor, rollout, arithmetic_tokenizer, seed=1)
+    rollout.generate_sequences(prompts(arithmetic_tokenizer), SamplingParams(max_new_tokens=2, greedy=True))
+    assert actor.local.memory.where()["optimizer"] == "host"
+    path = actor.save(str(tmp_path / "actor"))
+    resumed, resumed_rollout = make_actor(arithmetic_tokenizer, dist, *OFFLOAD_ALL, "actor_rollout_ref.model.init_std=0.02")
+    resumed.local.memory.enter("generate")
+    resumed.load(path)
+    a = grpo_step(actor, rollout, arithmetic_tokenizer, seed=2)
+    b = grpo_step(resumed, resumed_rollout, arithmetic_tokenizer, seed=2)
+    assert a["actor/grad_norm"] == b["actor/grad_norm"]
+    for (name, x), (_, y) in zip(actor.export_weights().items(), resumed.export_weights().items()):
+        assert torch.equal(x, y), name
