@@ -2,9 +2,10 @@
 
     python bench/algorithms.py [--out runs/bench_algorithms] [--steps 120] [--write-results]
 
-1. One SFT warm start (`tandem run trainer.total_training_steps=0`, the default SFT of
-   1200 steps), its policy exported as a Hugging Face directory (tandem.convert.hf_export,
-   with the run's tokenizer, `python -m services.actor.export`).
+1. One SFT warm start (`tandem run trainer.total_training_steps=0`, the default SFT: until
+   the dev-accuracy threshold, `trainer.sft.stop_at_accuracy`), its policy exported as a
+   Hugging Face directory (tandem.convert.hf_export, with the run's tokenizer,
+   `python -m services.actor.export`).
 2. Each algorithm is a `tandem run` from that directory (`actor_rollout_ref.model.path=...
    trainer.sft.total_steps=0`), so all start from the same weights and the same held-out
    accuracy: GRPO (the default), RLOO, REINFORCE++, PPO (deploy/configs/arithmetic_ppo.yaml,
@@ -103,7 +104,8 @@ def main() -> None:
     hf_dir = os.path.join(out, "sft_hf")
     subprocess.run([sys.executable, "-m", "services.actor.export",  # the SFT policy as a HF directory
                     os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
-    sft_acc = json.load(open(os.path.join(sft_dir, "summary.json")))["val_accuracy_after_sft"]
+    sft_summary = json.load(open(os.path.join(sft_dir, "summary.json")))
+    sft_acc, sft_steps = sft_summary["val_accuracy_after_sft"], sft_summary.get("sft_steps")
     print(f"SFT warm start: held-out {sft_acc:.3f}; exported to {hf_dir}", flush=True)
     rows = {}
     for name, args in ALGORITHMS.items():
@@ -120,7 +122,7 @@ def main() -> None:
               f"- command: `python bench/algorithms.py --write-results`\n"
               f"- machine: {start['machine']} at start; "
               f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end\n"
-              f"- setup: one SFT warm start (1200 steps, held-out {sft_acc:.3f}) exported as a Hugging Face "
+              f"- setup: one SFT warm start ({sft_steps} steps, held-out {sft_acc:.3f}) exported as a Hugging Face "
               f"directory; each algorithm runs {a.steps} RL steps of 128 prompts from it "
               f"(`actor_rollout_ref.model.path=... trainer.sft.total_steps=0`); "
               f"held-out: 256 prompts, greedy, exact match\n")

@@ -1,18 +1,21 @@
-"""Share of a GRPO step spent in gRPC and the codec: the same step, served vs in-process.
+"""Where a GRPO step's time goes: the step through the services against the same step
+in-process, against another checkout's code, and against the update's pure compute.
 
-One run, one machine:
+One run, one machine, modes in alternating blocks (bench/step_modes.py has them):
 
-  gRPC     the real services (actor, colocated: it also serves RolloutService; reward),
-           started by the controller's local launcher as `tandem run` starts them, driven through
-           controller.step.ppo_step with the real clients;
-  inproc   the same workers built in this process (ActorWorker, a RolloutWorker on the
-           actor's policy, RewardWorker), behind small async adapters with the clients'
-           method names, driven through the same ppo_step.
+  grpc      the real services started as `tandem run` starts them (actor, colocated, + reward),
+            driven through controller.step.ppo_step with the real clients;
+  inproc    the same workers built in this process behind adapters with the clients' method
+            names, through the same ppo_step (--no-inproc: left out);
+  baseline  grpc with the code of another checkout (--baseline-tree DIR, e.g. `git worktree add
+            /tmp/base main`), in a driver process of its own: the before / after of a change;
+  pure      (--pure) the update's arithmetic alone: forward + backward + AdamW on each grpc step's
+            update batch with plain torch in this process (bench/small_step.py).
 
-Both see the same prompts and seeds step for step and start from the same weights (the
-same seed), so they do the same work; in-process model work runs on a WorkerThread as in
-the services (--on-loop: on the event loop's thread); blocks alternate (gRPC, inproc, gRPC, ...) to
-cancel drift, after one untimed warm-up step each. overhead share = 1 - t_inproc / t_grpc.
+All see the same prompts and seeds step for step and start from the same weights, so they do
+the same work (checked: every metric of the baseline must equal grpc's). Blocks alternate
+(grpc, baseline, inproc, pure, grpc, ...) to cancel drift, after one untimed warm-up step
+each. overhead share = 1 - t_inproc / t_grpc.
 
 Codec: every DataProto the clients encode or decode during the timed gRPC steps is
 recorded, and its full trip is re-timed here: encode_batch + SerializeToString on the
@@ -20,10 +23,14 @@ sender, FromString + decode_batch on the receiver (both sides of each wire cross
 the services' side happens in their process, so it is re-timed here, median of 5).
 
     python bench/step_overhead.py [--blocks 5] [--steps 4] [--on-loop] [key=value ...]
+    python bench/step_overhead.py --small --pure --no-inproc [--baseline-tree DIR]
 
-Defaults: the built-in config with trainer.sft.total_steps=0; overrides are dotted keys
-as for `tandem run` (only the colocated GRPO roles, actor + reward, are supported).
-Prints a markdown section for bench/RESULTS.md.
+--small: issue 22's configuration (bench/small_step.py): a 2.9M-parameter Llama built here as
+a Hugging Face checkpoint with the built-in tokenizer's vocabulary, 16 prompts x 8 samples of
+the built-in task, 6 new tokens, lr 1e-5, no KL, token-mean. Defaults otherwise: the built-in
+config with trainer.sft.total_steps=0; overrides are dotted keys as for `tandem run` (only the
+colocated GRPO roles, actor + reward, are supported). Prints a markdown section for
+bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -44,89 +51,18 @@ import grpc
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from controller.data import Cursor, collate, load_examples  # noqa: E402
-from controller.launchers import LaunchContext, endpoints  # noqa: E402
-from controller.launchers.local import LocalLauncher  # noqa: E402
-from controller.roles import Roles, connect, needed_roles  # noqa: E402
+from step_modes import BaselineMode, GrpcMode, InprocMode, PureMode, load_prompts  # noqa: E402
+
 from controller.run_dir import create_run_dir  # noqa: E402
-from controller.step import StepContext, ppo_step  # noqa: E402
-from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.config import load_config  # noqa: E402
 from tandem.data import codec  # noqa: E402
 from tandem.data.batch import DataProto  # noqa: E402
-from tandem.generation.sampling import SamplingParams  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402
 from tandem.v1 import data_pb2  # noqa: E402
 
-PHASES = ["gen", "reward_logprob_values", "adv", "update_actor_critic"]
+PHASES = ["gen", "reward", "old_log_prob", "adv", "update_actor"]  # verl's timing_s/* names (controller/step.py)
 CHECK_KEYS = ["critic/score/mean", "response_length/mean", "actor/pg_loss"]
-
-
-# ---- in-process adapters: the clients' method names, the workers called directly ----------
-
-async def _direct(fn, *args, **kwargs):
-    return fn(*args, **kwargs)
-
-
-class InprocActor:
-    def __init__(self, worker, run):
-        self.w, self.run = worker, run
-
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False) -> DataProto:
-        return await self.run(self.w.compute_log_prob, batch, calculate_entropy)
-
-    async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        return await self.run(self.w.compute_ref_log_prob, batch)
-
-    async def update_actor(self, batch: DataProto) -> tuple[dict, int]:
-        metrics = await self.run(self.w.update_actor, batch)
-        return metrics, self.w.weights_version
-
-
-class InprocRollout:
-    def __init__(self, worker, run):
-        self.w, self.run = worker, run
-
-    async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
-                                 temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                                 seed: int | None = None, greedy: bool = False) -> DataProto:
-        params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                top_k=max(0, top_k), n=n, seed=seed, greedy=greedy)
-        params.validate(self.w.vocab_size)
-        return await self.run(self.w.generate_sequences, batch, params)
-
-
-class InprocReward:
-    def __init__(self, worker, run):
-        self.w, self.run = worker, run
-
-    async def score(self, batch: DataProto) -> list[float]:
-        kw = {k: batch.columns[k] for k in ("response_text", "ground_truth", "data_source", "extra_info",
-                                            "prompt_text") if k in batch.columns}
-        return await self.run(self.w.score, **kw)
-
-
-def build_inproc(cfg, tokenizer, on_loop: bool = False) -> Roles:
-    """The workers, each behind an adapter. As in the services, model work runs on a
-    WorkerThread (actor and rollout share one, as in the hybrid engine; reward has its own);
-    on_loop=True calls them on the event loop's thread instead."""
-    from services.actor.front import ActorFront
-    from services.reward.worker import RewardWorker
-    from tandem.parallel.layout import ParallelConfig, init_distributed
-    from tandem.rollout.worker import RolloutWorker
-    from tandem.serving.worker_thread import WorkerThread
-
-    torch.set_num_threads(max(1, cfg.services.actor.torch_threads))  # as the actor service
-    init_distributed(ParallelConfig(), rank=0, world_size=1,
-                     seed=cfg.actor_rollout_ref.actor.megatron.seed)  # same seed: same initial weights
-    actor = ActorFront.in_process(cfg, len(tokenizer))  # the service's front door, one rank
-    rollout = RolloutWorker(actor.local.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                            vocab_size=actor.vocab_size, max_batch_size=cfg.actor_rollout_ref.rollout.max_batch_size)
-    reward = RewardWorker(default_rule=cfg.reward_model.default_rule)
-    model_run = _direct if on_loop else WorkerThread("inproc-actor").run
-    reward_run = _direct if on_loop else WorkerThread("inproc-reward").run
-    return Roles(actor=InprocActor(actor, model_run), rollout=InprocRollout(rollout, model_run),
-                 reward=InprocReward(reward, reward_run))
+VOLATILE = ("timing_s/", "perf/throughput", "bench/")
 
 
 # ---- codec capture and re-timing ------------------------------------------------------------
@@ -169,53 +105,49 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # ---- the measurement ------------------------------------------------------------------------
 
-async def run_step(ctx: StepContext, prompts, step: int, grpc: bool):
-    if grpc:
-        ctx.roles.set_step(step)
-    t0 = time.perf_counter()
-    m = await ppo_step(ctx, prompts, step)
-    return time.perf_counter() - t0, m
+def known_to(tree: str, overrides: list[str]) -> list[str]:
+    """The overrides without keys that `tree` (older code) does not have, where leaving them out
+    is its behaviour anyway: data.builtin_fixed_width=false is the unpadded task older trees write."""
+    with open(os.path.join(tree, "tandem", "config", "schema.py")) as f:
+        old = "builtin_fixed_width" not in f.read()
+    return [o for o in overrides if not (old and o == "data.builtin_fixed_width=false")]
 
 
-async def measure(cfg, run_dir, blocks: int, steps: int, on_loop: bool) -> dict:
+async def measure(cfg, run_dir, a, overrides: list[str], hf_path: str | None) -> dict:
     from transformers import AutoTokenizer
 
-    run_id = os.path.basename(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
-    d = cfg.data
-    train = load_examples(d.train_files, tokenizer, d.max_prompt_length)
-    cursor = Cursor(len(train), seed=d.seed, shuffle=d.shuffle)
-    prompts = [collate([train[i] for i in cursor.next(d.train_batch_size)], tokenizer.pad_token_id)
-               for _ in range(1 + blocks * steps)]
-
-    roles = needed_roles(cfg)
-    if set(roles) != {"actor", "reward"}:
-        raise SystemExit(f"step_overhead: only the colocated GRPO roles (actor, reward) are supported; "
-                         f"this config needs {roles}")
-    s, k = cfg.services, cfg.algorithm.kl_ctrl
-    launcher = LocalLauncher(LaunchContext(os.path.join(run_dir, "config.yaml"), run_dir, run_id,
-                                           s.startup_timeout_s))
-    started = asyncio.create_task(endpoints(launcher, roles, {r: getattr(s, r).endpoint for r in roles}))
+    count = 1 + a.blocks * a.steps
+    prompts = load_prompts(cfg, tokenizer, count)
+    modes: dict = {"grpc": GrpcMode(cfg, run_dir, tokenizer, prompts, record=a.pure)}
+    modes["grpc"].start()
     await asyncio.sleep(0)  # start() spawns the services before its first wait
-    grpc_roles = None
+    if a.baseline_tree:
+        modes["baseline"] = BaselineMode(a.baseline_tree, [*known_to(a.baseline_tree, overrides),
+                                                           "trainer.experiment_name=baseline"], count)
     recorder = CodecRecorder()
     try:
         t0 = time.perf_counter()
-        inproc = build_inproc(cfg, tokenizer, on_loop)  # while the services start
+        if not a.no_inproc:  # built while the services start
+            modes["inproc"] = InprocMode(cfg, tokenizer, prompts, a.on_loop)
+        torch.set_num_threads(max(1, cfg.services.actor.torch_threads))  # pure compute: as the actor service
         t_build = time.perf_counter() - t0
-        grpc_roles = await connect(cfg, await started, run_id)
-        modes = {m: StepContext(r, cfg, tokenizer, get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon))
-                 for m, r in (("grpc", grpc_roles), ("inproc", inproc))}
+        for m in ("grpc", "baseline"):
+            if m in modes:
+                await modes[m].connect()
+        if a.pure:
+            for kind in ("pure", "hf"):
+                modes[kind] = PureMode("modules" if kind == "pure" else "hf", hf_path, cfg, len(tokenizer),
+                                       modes["grpc"].update_batches)
         times = {m: [] for m in modes}
         metrics = {m: [] for m in modes}
-        for m, ctx in modes.items():  # warm-up: prompts[0], step 0
-            await run_step(ctx, prompts[0], 0, m == "grpc")
-        for b in range(blocks):
-            for m, ctx in modes.items():
+        for mode in modes.values():  # warm-up: prompts[0], step 0 (pure: grpc's step-0 batch)
+            await mode.step(0)
+        for b in range(a.blocks):
+            for m, mode in modes.items():
                 recorder.on = m == "grpc"
-                for j in range(steps):
-                    i = 1 + b * steps + j
-                    dt, met = await run_step(ctx, prompts[i], i, m == "grpc")
+                for j in range(a.steps):
+                    dt, met = await mode.step(1 + b * a.steps + j)
                     times[m].append(dt)
                     metrics[m].append(met)
                 recorder.on = False
@@ -223,10 +155,8 @@ async def measure(cfg, run_dir, blocks: int, steps: int, on_loop: bool) -> dict:
         trips = [codec_trip_s(bt) for bt in recorder.batches]
     finally:
         recorder.restore()
-        started.cancel()  # still waiting if something above failed first
-        if grpc_roles is not None:
-            await grpc_roles.close()
-        launcher.stop()
+        for mode in modes.values():
+            await mode.close()
     return {"times": times, "metrics": metrics, "trips": trips, "t_build": t_build,
             "rows": len(prompts[0]) * cfg.actor_rollout_ref.rollout.n}
 
@@ -238,59 +168,106 @@ def machine() -> str:
             f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start")
 
 
-def report(res: dict, cfg, overrides: list[str], blocks: int, steps: int, argv: list[str], started: str,
-           load_start: str, on_loop: bool) -> str:
-    tg, ti = res["times"]["grpc"], res["times"]["inproc"]
-    mg, mi = statistics.mean(tg), statistics.mean(ti)
-    n = len(tg)
-    codec_s = sum(t for t, _ in res["trips"]) / n
-    wire = sum(b for _, b in res["trips"]) / n
-    a = cfg.actor_rollout_ref
-    ph = {m: {p: statistics.mean(x[f"timing_s/{p}"] for x in res["metrics"][m]) for p in PHASES}
-          for m in ("grpc", "inproc")}
-    same = {k: max(abs(x.get(k, 0.0) - y.get(k, 0.0)) for x, y in zip(res["metrics"]["grpc"], res["metrics"]["inproc"]))
-            for k in CHECK_KEYS}
-    diffs = [statistics.mean(tg[i:i + steps]) - statistics.mean(ti[i:i + steps]) for i in range(0, n, steps)]
-    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+def _median_phases(metrics: list[dict]) -> dict[str, float]:
+    return {p: statistics.median(x.get(f"timing_s/{p}", 0.0) for x in metrics) for p in PHASES}
+
+
+def _max_diffs(a: list[dict], b: list[dict], keys=None) -> dict[str, float]:
+    """max |a - b| over the steps, per metric key (every non-timing key of both when keys is None)."""
+    keys = keys or sorted({k for x in a + b for k in x if not k.startswith(VOLATILE)})
+    return {k: max(abs(float(x.get(k, 0.0)) - float(y.get(k, 0.0))) for x, y in zip(a, b)) for k in keys}
+
+
+def _table(res: dict, steps: int) -> list[str]:
+    names = [m for m in ("grpc", "baseline", "inproc", "pure", "hf") if m in res["times"]]
+    title = {"grpc": "gRPC (services)", "baseline": "gRPC, baseline tree", "inproc": "in-process",
+             "pure": "pure compute: update, plain torch", "hf": "update in transformers, padded"}
     blk = lambda ts: ", ".join(f"{statistics.mean(ts[i:i + steps]):.3f}" for i in range(0, len(ts), steps))  # noqa: E731
+    rows = [f"| | {' | '.join(title[m] for m in names)} |", f"| --- |{' ---: |' * len(names)}",
+            f"| median step s ({len(res['times']['grpc'])} steps) | "
+            + " | ".join(f"{statistics.median(res['times'][m]):.3f}" for m in names) + " |",
+            "| mean step s | " + " | ".join(f"{statistics.mean(res['times'][m]):.3f}" for m in names) + " |",
+            "| median CPU s per step (controller + services; load-proof) | " + " | ".join(
+                f"{statistics.median(x['bench/cpu_s'] for x in res['metrics'][m]):.3f}" for m in names) + " |"]
+    ph = {m: _median_phases(res["metrics"][m]) for m in names}
+    for p in PHASES:
+        rows.append(f"| phase {p} s (median) | " + " | ".join(
+            "" if m in ("pure", "hf") and p != "update_actor" else f"{ph[m][p]:.3f}" for m in names) + " |")
+    rows.append("| block means s | " + " | ".join(blk(res["times"][m]) for m in names) + " |")
+    return rows
+
+
+def _findings(res: dict, steps: int) -> list[str]:
+    tg = res["times"]["grpc"]
+    mg, n = statistics.mean(tg), len(tg)
+    out = []
+    if "inproc" in res["times"]:
+        ti = res["times"]["inproc"]
+        mi = statistics.mean(ti)
+        diffs = [statistics.mean(tg[i:i + steps]) - statistics.mean(ti[i:i + steps]) for i in range(0, n, steps)]
+        se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+        codec_s = sum(t for t, _ in res["trips"]) / n
+        wire = sum(b for _, b in res["trips"]) / n
+        same = _max_diffs(res["metrics"]["grpc"], res["metrics"]["inproc"], CHECK_KEYS)
+        out += [f"- overhead share (gRPC + codec + process boundary) = 1 - t_inproc/t_grpc = **{1 - mi / mg:.1%}** "
+                f"({mg - mi:+.3f} s per step; +/- {se:.3f} s standard error from the paired block differences); "
+                f"from medians: {1 - statistics.median(ti) / statistics.median(tg):.1%}",
+                f"- codec (encode+serialize, parse+decode, both ends of each crossing): {codec_s * 1e3:.1f} ms per step "
+                f"= **{codec_s / mg:.1%}** of the gRPC step ({len(res['trips']) // n} batches, "
+                f"{wire / 1e6:.2f} MB on the wire per step)",
+                "- same work in gRPC and in-process: max |difference| over steps of "
+                + ", ".join(f"{k} {v:.2g}" for k, v in same.items()),
+                f"- in-process workers built in {res['t_build']:.1f} s (not timed in the steps)"]
+    if "baseline" in res["times"]:
+        tb = res["times"]["baseline"]
+        upd = lambda m: statistics.median(x["timing_s/update_actor"] for x in res["metrics"][m])  # noqa: E731
+        diff = _max_diffs(res["metrics"]["grpc"], res["metrics"]["baseline"])
+        worst = max(diff.values(), default=0.0)
+        out += [f"- this code / baseline tree: median step **{statistics.median(tg) / statistics.median(tb):.3f}** "
+                f"({statistics.median(tg):.3f} / {statistics.median(tb):.3f} s), mean step "
+                f"{mg / statistics.mean(tb):.3f}, UpdateActor phase {upd('grpc') / upd('baseline'):.3f}",
+                f"- same numbers as the baseline tree: {len(diff)} metrics compared over {n} steps, "
+                f"max |difference| {worst:.3g}" + ("" if worst == 0 else " (**not bit-equal**: "
+                                                    + ", ".join(k for k, v in diff.items() if v) + ")")]
+    if "pure" in res["times"]:
+        pure, hf = (statistics.median(res["times"][m]) for m in ("pure", "hf"))
+        upd = statistics.median(x["timing_s/update_actor"] for x in res["metrics"]["grpc"])
+        pm = res["metrics"]["hf"]
+        out += [f"- UpdateActor call (controller's view, median) / pure compute (median): "
+                f"**{upd / pure:.2f}x** ({upd * 1e3:.0f} / {pure * 1e3:.0f} ms; what the call adds to the math: "
+                f"{(upd - pure) * 1e3:+.0f} ms); whole gRPC step / pure update {statistics.median(tg) / pure:.2f}x",
+                "- pure compute: the actor's model (megatron-core GPTModel, same checkpoint, rows packed as the actor "
+                "packs them, its PPO loss) in a plain torch loop: forward, backward, clip_grad_norm_, torch AdamW "
+                "(bench/small_step.py ModulesUpdate), called on a thread of its own as the services call the model",
+                f"- the same update in transformers (LlamaForCausalLM, padded as a single-process trainer runs it): "
+                f"{hf * 1e3:.0f} ms = {upd / hf:.2f}x of it for the UpdateActor call; "
+                f"{statistics.mean(x['pure/padded_tokens'] for x in pm):.0f} padded tokens per update, "
+                f"{statistics.mean(x['pure/real_tokens'] for x in pm):.0f} real"]
+    return out
+
+
+def report(res: dict, cfg, overrides: list[str], a, argv: list[str], started: str, load_start: str,
+           model: str) -> str:
+    r = cfg.actor_rollout_ref
     lines = [
-        "## step overhead (gRPC + codec share of a GRPO step)",
+        "## step overhead (where a GRPO step's time goes)",
         "",
         f"- date: {started}",
         f"- command: `{shlex.join(['python', 'bench/step_overhead.py', *argv])}`",
         f"- machine: {load_start}; loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())} at end",
         f"- config: defaults + {shlex.join(overrides) or '(none)'}: {cfg.algorithm.adv_estimator}, "
-        f"{cfg.data.train_batch_size} prompts x n={a.rollout.n} = {res['rows']} rows, "
-        f"max_response_length {cfg.data.max_response_length}, model {a.model.num_hidden_layers}x{a.model.hidden_size}, "
-        f"ppo_mini_batch_size {a.actor.ppo_mini_batch_size}, micro {a.actor.ppo_micro_batch_size_per_gpu}, "
-        f"use_kl_loss {a.actor.use_kl_loss}, actor torch_threads {cfg.services.actor.torch_threads} (both modes)",
-        f"- design: {blocks} blocks x {steps} steps per mode, alternating gRPC / inproc, 1 untimed warm-up step each; "
-        f"same prompts, seeds and initial weights in both modes; in-process workers run "
-        f"{'on the event loop thread (--on-loop)' if on_loop else 'on a WorkerThread, as in the services'}",
+        f"{cfg.data.train_batch_size} prompts x n={r.rollout.n} = {res['rows']} rows, "
+        f"max_response_length {cfg.data.max_response_length}, model {model}, "
+        f"ppo_mini_batch_size {r.actor.ppo_mini_batch_size}, micro {r.actor.ppo_micro_batch_size_per_gpu}, "
+        f"use_kl_loss {r.actor.use_kl_loss}, actor torch_threads {cfg.services.actor.torch_threads} (every mode)",
+        f"- design: {a.blocks} blocks x {a.steps} steps per mode, alternating, 1 untimed warm-up step each; "
+        f"same prompts, seeds and initial weights in every mode; in-process workers run "
+        f"{'on the event loop thread (--on-loop)' if a.on_loop else 'on a WorkerThread, as in the services'}"
+        + (f"; baseline tree {a.baseline_tree}" if a.baseline_tree else ""),
         "",
-        "| | gRPC (services) | in-process | difference |",
-        "| --- | ---: | ---: | ---: |",
-        f"| mean step s ({n} steps) | {mg:.3f} | {mi:.3f} | {mg - mi:+.3f} |",
-        f"| median step s | {statistics.median(tg):.3f} | {statistics.median(ti):.3f} | "
-        f"{statistics.median(tg) - statistics.median(ti):+.3f} |",
-    ]
-    for p in PHASES:
-        lines.append(f"| phase {p} s | {ph['grpc'][p]:.3f} | {ph['inproc'][p]:.3f} | {ph['grpc'][p] - ph['inproc'][p]:+.3f} |")
-    lines += [
-        f"| block means s | {blk(tg)} | {blk(ti)} | |",
+        *_table(res, a.steps),
         "",
-        f"- overhead share (gRPC + codec + process boundary) = 1 - t_inproc/t_grpc = **{1 - mi / mg:.1%}** "
-        f"({mg - mi:+.3f} s per step; +/- {se:.3f} s standard error from the {blocks} paired block differences); "
-        f"from medians: "
-        f"{1 - statistics.median(ti) / statistics.median(tg):.1%}",
-        f"- codec (encode+serialize, parse+decode, both ends of each crossing): {codec_s * 1e3:.1f} ms per step "
-        f"= **{codec_s / mg:.1%}** of the gRPC step ({len(res['trips']) // n} batches, "
-        f"{wire / 1e6:.2f} MB on the wire per step)",
-        f"- rest of the overhead (gRPC transport and protobuf message copies, servicer checks, two processes sharing the cores): "
-        f"{(mg - mi - codec_s) * 1e3:+.1f} ms per step",
-        f"- same work in both modes: max |difference| over steps of " +
-        ", ".join(f"{k} {v:.2g}" for k, v in same.items()),
-        f"- in-process workers built in {res['t_build']:.1f} s (not timed in the steps)",
+        *_findings(res, a.steps),
     ]
     return "\n".join(lines)
 
@@ -302,21 +279,37 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=4, help="timed steps per block")
     p.add_argument("--on-loop", action="store_true",
                    help="in-process: call the workers on the event loop's thread, not a WorkerThread")
+    p.add_argument("--small", action="store_true", help="issue 22's configuration from a 2.9M Llama built here")
+    p.add_argument("--pure", action="store_true", help="also time the update's pure compute (plain torch)")
+    p.add_argument("--no-inproc", action="store_true", help="leave the in-process mode out")
+    p.add_argument("--baseline-tree", help="also run the gRPC steps with this checkout's code (before / after)")
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     load_start = machine()
     configure_logging(role="controller", level="WARNING")
     tmp = tempfile.mkdtemp(prefix="tandem-step-overhead-")
-    overrides = ["trainer.sft.total_steps=0", *a.overrides]
-    cfg = load_config(None, [f"trainer.default_local_dir={tmp}", "trainer.experiment_name=step_overhead",
-                             *overrides])
+    overrides = ["trainer.sft.total_steps=0"]
+    hf_path, model = None, None
+    if a.small:
+        from small_step import SMALL_OVERRIDES, build_small_llama
+
+        hf_path, params = build_small_llama(tmp)
+        overrides += [f"actor_rollout_ref.model.path={hf_path}", *SMALL_OVERRIDES]
+        model = f"Llama from a Hugging Face checkpoint built by the bench, {params / 1e6:.2f}M parameters"
+    if a.pure and not hf_path:
+        p.error("--pure needs --small (the plain-torch model loads the Hugging Face checkpoint)")
+    overrides += a.overrides
+    base = [f"trainer.default_local_dir={tmp}", "trainer.experiment_name=step_overhead"]
+    cfg = load_config(None, [*base, *overrides])
+    shape = cfg.actor_rollout_ref.model
+    model = model or f"{shape.num_hidden_layers}x{shape.hidden_size}"
     try:
         cfg, run_dir = create_run_dir(cfg)
-        res = asyncio.run(measure(cfg, run_dir, a.blocks, a.steps, a.on_loop))
+        res = asyncio.run(measure(cfg, run_dir, a, [f"trainer.default_local_dir={tmp}", *overrides], hf_path))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(report(res, cfg, overrides, a.blocks, a.steps, argv, started, load_start, a.on_loop))
+    print(report(res, cfg, overrides, a, argv, started, load_start, model))
     return 0
 
 

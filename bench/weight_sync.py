@@ -1,16 +1,24 @@
-"""Weight sync from the training layout (TP=2) to the TP=1 layout a generation engine loads.
+"""Weight sync benchmarks: the weight plane's transports, and the TP=2 -> TP=1 gather.
 
-    python bench/weight_sync.py [--shapes 0.5b,1.5b] [--reps 5]
+    python bench/weight_sync.py [--shapes 0.5b,1.5b,7b,14b] [--transports ipc,collective,stream] [--reps 3]
+    python bench/weight_sync.py --part gather [--shapes 0.5b,1.5b] [--reps 5]   # two GPUs (or CPU)
 
-Two ranks (one GPU each, NCCL; gloo on CPU with TANDEM_BENCH_TINY=1) build a Qwen2.5-shaped
-policy in bf16 at TP=2 and run tandem.convert.reshard.tp1_weights: TP shards all-gathered and
-re-laid out (qkv groups, [gate; up]) into full TP=1 tensors on each GPU, both ways in the same
-run: "bucketed" (the default: one all-gather per bucket of up to BUCKET_BYTES, then views)
-and "per-parameter" (bucket_bytes=0, the former path: one all-gather per parameter). Printed
-beside them, measured in the same run on the same GPUs: the device copy rate (bytes read +
-written per second, one large device-to-device copy) and an NCCL all-gather of one flat
-buffer of the model's size. Every run checks the two paths agree bit for bit. Rank 0 prints
-a markdown table.
+Transports (the default part): a source process (a model at the shape whose parameters are its
+export, served by the library's WeightSource over gRPC) and a sink process (a one-rank rollout:
+the library's WeightReceiver and WeightStaging) on the same GPU (ipc, stream) and, with two GPUs,
+on the other one (collective = NCCL, stream); on CPU both on the host (stream, collective =
+gloo). For each: seconds per sync (manifest, transfer, checks and the swap into the parameters)
+and GB/s, beside what the same run measures in the sink process: the swap alone, the colocated
+TP=1 copy (RolloutWorker.load_weights from TP=1 tensors on the same device: what a colocated
+rollout's TP=1 copy does each generation), one device copy of the model's bytes, and a plain
+TCP transfer on 127.0.0.1 between two processes (the stream's ceiling on one host). Every sync is
+checked against the source's per-tensor byte sums. CPU (no CUDA, or TANDEM_BENCH_TINY=1): fp32
+shapes cpu-small and cpu-700mb. Rank 0 prints markdown tables.
+
+Gather (--part gather): two ranks (one GPU each, NCCL; gloo on CPU) build a Qwen2.5-shaped
+policy in bf16 at TP=2 and run tandem.convert.reshard.tp1_weights, "bucketed" (one all-gather per
+bucket of up to BUCKET_BYTES, then views) and "per-parameter" (bucket_bytes=0), beside the device
+copy rate and an NCCL all-gather of one flat buffer of the model's size, checked bit for bit.
 """
 from __future__ import annotations
 
@@ -23,16 +31,13 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from anywhere
 
-SHAPES = {
-    "0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                 intermediate_size=4864, vocab_size=151936),
-    "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
-                 intermediate_size=8960, vocab_size=151936),
-}
+from weight_sync_transports import SHAPES as ALL_SHAPES  # noqa: E402 (bench/ is on sys.path)
+
+SHAPES = {k: ALL_SHAPES[k] for k in ("0.5b", "1.5b")}  # the gather part
 TINY = os.environ.get("TANDEM_BENCH_TINY") or not torch.cuda.is_available()
 if TINY:  # CPU smoke run
     SHAPES = {"tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=128, vocab_size=128)}
+                           intermediate_size=128, vocab_size=128, tie_word_embeddings=True)}
 
 
 def timed(fn, reps: int) -> float:
@@ -60,8 +65,7 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
     dtype = torch.float32 if TINY else torch.bfloat16
     rows = []
     for name in shapes:
-        shape = ModelShape(max_position_embeddings=4096, rope_theta=1e6, attention_bias=True,
-                           tie_word_embeddings=True, **SHAPES[name])
+        shape = ModelShape(max_position_embeddings=4096, rope_theta=1e6, attention_bias=True, **SHAPES[name])
         model = build_gpt_model(shape, tp=2, params_dtype=dtype)
         full, old = tp1_weights(model, shape), tp1_weights(model, shape, bucket_bytes=0)
         assert full.keys() == old.keys() and all(torch.equal(full[k], old[k]) for k in full)
@@ -98,15 +102,25 @@ def rank_main(rank: int, rdzv: str, shapes: list[str], reps: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--shapes", default=",".join(SHAPES))
-    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--part", choices=["transports", "gather"], default="transports")
+    p.add_argument("--shapes", help="default: 0.5b,1.5b,7b,14b (transports on GPU), cpu-small,cpu-700mb (CPU)")
+    p.add_argument("--transports", default="ipc,collective,stream")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--chunk-mb", type=float, default=1.0, help="stream chunk (weight_sync.chunk_mb)")
+    p.add_argument("--bucket-mb", type=int, default=256, help="collective bucket (weight_sync.bucket_mb)")
+    p.add_argument("--streams", type=int, default=2, help="parallel streams (weight_sync.streams)")
     a = p.parse_args()
+    if a.part == "transports":
+        from weight_sync_transports import run_transports
+
+        run_transports(a)
+        return
     import torch.multiprocessing as mp
 
     from tandem.parallel.layout import local_tcp_rendezvous
 
     rdzv = local_tcp_rendezvous()
-    mp.spawn(rank_main, args=(rdzv, a.shapes.split(","), a.reps), nprocs=2, join=True)
+    mp.spawn(rank_main, args=(rdzv, (a.shapes or ",".join(SHAPES)).split(","), a.reps), nprocs=2, join=True)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,29 @@
 """`tandem` command line: `tandem run [CONFIG.yaml] [key=value ...]`; `tandem conformance HOST:PORT`
-(tandem/reward/conformance.py: does a reward service keep the RewardService contract).
+(tandem/reward/conformance.py: does a reward service keep the RewardService contract); the
+controller service's commands (`tandem serve | submit | status | logs | cancel | list`,
+controller/service/cli.py).
 
-With no arguments it runs the built-in default: SFT warm start then GRPO on the
-character-level arithmetic task, on CPU, printing held-out accuracy before and after RL.
-Deliberately not here: the run itself (controller/run.py); this file parses and prints.
+`tandem run` is the one-command path: it runs one job in this process, on services it starts
+for that job (or attaches to); with no arguments the built-in default: SFT warm start then
+GRPO on the character-level arithmetic task, on CPU, printing held-out accuracy before and
+after RL. Deliberately not here: the run itself (controller/run.py); this file parses and prints.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
+import signal
 import sys
+
+SERVICE_COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")  # controller/service/cli.py
 
 
 def _parse(argv):
-    p = argparse.ArgumentParser(prog="tandem", description="RL post-training of LLMs on gRPC services")
+    p = argparse.ArgumentParser(prog="tandem", description="RL post-training of LLMs on gRPC services",
+                                epilog="controller service: tandem serve | submit | status | logs | cancel | list "
+                                       "(tandem COMMAND -h)")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a whole job locally (starts the services it needs)")
     r.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
@@ -26,7 +35,12 @@ def _parse(argv):
 
 
 def main(argv=None) -> int:
-    ns = _parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in SERVICE_COMMANDS:
+        from controller.service.cli import main as service_main
+
+        return service_main(argv)
+    ns = _parse(argv)
     if ns.command == "conformance":
         from tandem.reward.conformance import main_from_args
 
@@ -35,27 +49,42 @@ def main(argv=None) -> int:
     overrides = list(ns.args)
     if overrides and "=" not in overrides[0]:
         config_path = overrides.pop(0)
-    from tandem.config import ConfigError, load_config
+    from tandem.config import ConfigError, load_config_with_notices
+    from tandem.config.paths import check_paths
     from tandem.logging import configure_logging
 
     try:
-        cfg = load_config(config_path, overrides)
+        cfg, taken = load_config_with_notices(config_path, overrides)
+        check_paths(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
+    for notice in taken.notices:  # what each verl key Tandem maps became
+        print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
+    from controller.recovery import RunStopped
     from controller.reward_calls import RewardFailure
     from controller.run import run
 
+    # SIGTERM (kill, docker stop, a batch scheduler) stops the run as Ctrl-C does: asyncio cancels
+    # it and the launcher's cleanup stops the services it started, instead of leaving them running
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
     try:
         summary = asyncio.run(run(cfg))
     except KeyboardInterrupt:
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
+    except RunStopped as e:
+        print(f"tandem: run stopped: {e}", file=sys.stderr)
+        return 1
+    except ConfigError as e:  # found once the data is read (trainer.sft.dev_size)
+        print(f"tandem: config error: {e}", file=sys.stderr)
+        return 2
     except RewardFailure as e:
         print(f"tandem: run failed: {e}", file=sys.stderr)
         return 1
-    keys = ("val_accuracy_init", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain", "wall_time_s")
+    keys = ("val_accuracy_init", "sft_steps", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain",
+            "wall_time_s")
     print(json.dumps({k: summary.get(k) for k in keys}, indent=2))
     print(f"tandem: held-out greedy accuracy after SFT {summary.get('val_accuracy_after_sft')}, "
           f"after RL {summary.get('val_accuracy_final')}; run directory {summary['run_dir']}")

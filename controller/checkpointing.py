@@ -4,22 +4,28 @@ restored for `trainer.resume_mode=auto|resume_path` (verl's keys).
 A checkpoint is `<run_dir>/checkpoints/global_step_N/` with `actor/` and `critic/`
 (megatron dist_checkpointing directories, resharded on load) and `controller_state.json`
 (step, data cursor, KL controller, accuracy after SFT), written last and atomically: a
-directory without it is incomplete and never resumed from.
+directory without it is incomplete and never resumed from. Saving into a directory that
+holds a complete checkpoint first removes its controller_state.json, so a crash mid-save
+never leaves a marker beside half-replaced parts. A kill at any moment of a save leaves
+the previous checkpoint loadable (bench/checkpoint_kills.py kills saves at random moments).
 
 Deliberately not here: what the controller state holds (the Run's Stateful parts,
 controller/run.py); this module writes and reads the dict it is given.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import re
 
+from tandem.checkpoint import DONE
 from tandem.config import ConfigError, TandemConfig
 from tandem.logging import get_logger
 
 STATE_FILE = "controller_state.json"
+ROLE_PARTS = ("actor", "critic")  # the services' directories in a checkpoint
 _log = get_logger("controller.checkpointing")
 
 
@@ -31,6 +37,8 @@ async def save(roles, run_dir: str, state: dict) -> str:
     """Actor and critic, then `state` (the controller's, `global_step` included) as
     controller_state.json -> the checkpoint directory."""
     ckpt = step_dir(run_dir, state["global_step"])
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(ckpt, STATE_FILE))  # incomplete until the new one is written
     await roles.actor.save_checkpoint(os.path.join(ckpt, "actor"))
     if roles.critic is not None:
         await roles.critic.save_checkpoint(os.path.join(ckpt, "critic"))
@@ -43,12 +51,19 @@ async def save(roles, run_dir: str, state: dict) -> str:
     return ckpt
 
 
+def is_complete(ckpt: str) -> bool:
+    """controller_state.json written, and every role's part it holds complete."""
+    parts = [os.path.join(ckpt, p) for p in ROLE_PARTS if os.path.exists(os.path.join(ckpt, p))]
+    return (os.path.isfile(os.path.join(ckpt, STATE_FILE)) and bool(parts)
+            and all(os.path.isfile(os.path.join(p, DONE)) for p in parts))
+
+
 def latest(run_dir: str) -> str | None:
     """The complete checkpoint of the highest step in a run directory."""
     steps = []
     for d in glob.glob(os.path.join(run_dir, "checkpoints", "global_step_*")):
         m = re.fullmatch(r"global_step_(\d+)", os.path.basename(d))
-        if m and os.path.isfile(os.path.join(d, STATE_FILE)):
+        if m and is_complete(d):
             steps.append((int(m.group(1)), d))
     return max(steps)[1] if steps else None
 
@@ -60,9 +75,9 @@ def find_resume(cfg: TandemConfig) -> str | None:
         return None
     if t.resume_mode == "resume_path":
         path = os.path.abspath(t.resume_from_path)
-        if not os.path.isfile(os.path.join(path, STATE_FILE)):
-            raise ConfigError(f"trainer.resume_from_path: {path!r} is not a complete checkpoint "
-                              f"(no {STATE_FILE}); expected .../checkpoints/global_step_N")
+        if not is_complete(path):
+            raise ConfigError(f"trainer.resume_from_path: {path!r} is not a complete checkpoint (no {STATE_FILE}, "
+                              f"or a part without {DONE}); expected .../checkpoints/global_step_N")
         return path
     runs = sorted(glob.glob(os.path.join(t.default_local_dir, f"{t.experiment_name}-*")),
                   key=os.path.getmtime, reverse=True)

@@ -1,4 +1,5 @@
-"""Typed async clients for the four roles: DataProto in, DataProto / metrics out.
+"""Typed async clients for the four roles (DataProto in, DataProto / metrics out) and for the
+LifecycleService every one of them serves (take a run, give it back).
 
 The only controller file that knows the generated tandem.v1 messages. Deliberately not
 here: which services a run has and how they are reached (controller/roles.py), retries and
@@ -15,10 +16,13 @@ from tandem.v1 import (
     common_pb2,
     critic_pb2,
     critic_pb2_grpc,
+    lifecycle_pb2,
+    lifecycle_pb2_grpc,
     reward_pb2,
     reward_pb2_grpc,
     rollout_pb2,
     rollout_pb2_grpc,
+    weights_pb2,
 )
 
 
@@ -39,6 +43,12 @@ class ActorClient(ServiceClient):
         r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics), r.weights_version
 
+    async def update_actor_on_policy(self, batch: DataProto) -> tuple[dict, int, DataProto]:
+        """UpdateActor without old_log_probs (one mini-batch, one epoch: they are the current
+        policy's) -> (metrics, weights version, the old_log_probs its forward pass computed)."""
+        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch), on_policy=True))
+        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch)
+
     async def train_sft(self, batch: DataProto) -> dict:
         r = await self.call("TrainSft", actor_pb2.TrainSftRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics)
@@ -46,9 +56,10 @@ class ActorClient(ServiceClient):
     async def set_reference(self) -> None:
         await self.call("SetReference", actor_pb2.SetReferenceRequest())
 
-    async def export_weights(self) -> tuple[dict, int]:
-        r = await self.call("ExportWeights", actor_pb2.ExportWeightsRequest())
-        return codec.decode_named(r.weights), r.weights_version
+    async def weights_version(self) -> int:
+        """The version a rollout would pull now (exports it on the actor, once per version)."""
+        r = await self.call("GetWeightsManifest", weights_pb2.GetWeightsManifestRequest())
+        return r.manifest.weights_version
 
     async def save_checkpoint(self, path: str) -> str:
         return (await self.call("SaveCheckpoint", common_pb2.SaveCheckpointRequest(path=path))).path
@@ -63,19 +74,27 @@ class RolloutClient(ServiceClient):
 
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                                 seed: int | None = None, greedy: bool = False) -> DataProto:
+                                 seed: int | None = None, greedy: bool = False, row_offset: int = 0) -> DataProto:
         params = rollout_pb2.SamplingParams(max_new_tokens=max_new_tokens, n=n, temperature=temperature,
-                                            top_p=top_p, top_k=max(top_k, 0), greedy=greedy)
+                                            top_p=top_p, top_k=max(top_k, 0), greedy=greedy, row_offset=row_offset)
         if seed is not None:
             params.seed = seed
         r = await self.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
             batch=codec.encode_batch(batch), sampling=params))
         return codec.decode_batch(r.batch)
 
-    async def load_weights(self, weights: dict, version: int) -> int:
-        r = await self.call("LoadWeights", rollout_pb2.LoadWeightsRequest(
-            weights=codec.encode_named(weights), weights_version=version))
-        return r.weights_version
+    async def sync_weights(self, version: int, source: str, *, transport: str | None = None,
+                           force: bool = False) -> rollout_pb2.SyncWeightsResponse:
+        """Have the rollout pull `version` from the ActorService at `source` (transport: "stream",
+        "ipc", "collective", or None for the rollout's configured choice)."""
+        kinds = {None: weights_pb2.WEIGHT_TRANSPORT_UNSPECIFIED, "stream": weights_pb2.WEIGHT_TRANSPORT_STREAM,
+                 "ipc": weights_pb2.WEIGHT_TRANSPORT_IPC, "collective": weights_pb2.WEIGHT_TRANSPORT_COLLECTIVE}
+        return await self.call("SyncWeights", rollout_pb2.SyncWeightsRequest(
+            weights_version=version, source=source, transport=kinds[transport], force=force))
+
+    async def weights_digest(self) -> tuple[int, dict[str, str]]:
+        r = await self.call("GetWeightsDigest", rollout_pb2.GetWeightsDigestRequest())
+        return r.weights_version, dict(r.sha256)
 
 
 class CriticClient(ServiceClient):
@@ -109,3 +128,45 @@ class RewardClient(ServiceClient):
         """-> (one score per row, {row: reason} for the rows the service could not score)."""
         r = await self.call("Score", reward_pb2.ScoreRequest(batch=codec.encode_batch(batch)))
         return list(r.scores), {int(f.row): f.reason for f in r.failures}
+
+
+class LifecycleClient(ServiceClient):
+    """A long-lived service's run slot: Configure (take a run), Release, Interrupt, Describe."""
+
+    def __init__(self, endpoint: str, **kw):
+        super().__init__(endpoint, lifecycle_pb2_grpc.LifecycleServiceStub, **kw)
+
+    async def configure(self, run_id: str, config_yaml: str) -> tuple[list[int], bool]:
+        """-> (the service's rank pids, whether its ranks were restarted for the run's layout)."""
+        r = await self.call("Configure", lifecycle_pb2.ConfigureRequest(run_id=run_id, config_yaml=config_yaml))
+        return list(r.pids), r.ranks_restarted
+
+    async def release(self, run_id: str = "") -> str:
+        return (await self.call("Release", lifecycle_pb2.ReleaseRequest(run_id=run_id))).released_run_id
+
+    async def interrupt(self, run_id: str = "") -> str:
+        return (await self.call("Interrupt", lifecycle_pb2.InterruptRequest(run_id=run_id))).run_id
+
+    async def describe(self) -> dict:
+        """{role, run_id ("" when free), world_size, pids, tensor_parallel, pipeline_parallel,
+        expert_parallel, tensor_bytes, interrupted}."""
+        r = await self.call("Describe", lifecycle_pb2.DescribeRequest())
+        return {"role": r.role, "run_id": r.run_id, "world_size": r.world_size, "pids": list(r.pids),
+                "tensor_parallel": r.tensor_parallel, "pipeline_parallel": r.pipeline_parallel,
+                "expert_parallel": r.expert_parallel, "tensor_bytes": r.tensor_bytes, "interrupted": r.interrupted}
+
+
+def release_now(endpoint: str, run_id: str, timeout_s: float) -> str:
+    """LifecycleService.Release from synchronous code (a launcher's stop runs outside any
+    event loop's reach) -> the released run id; the TandemError of a failed call."""
+    import grpc
+
+    from tandem.rpc.errors import error_from_rpc
+
+    with grpc.insecure_channel(endpoint) as channel:
+        try:
+            r = lifecycle_pb2_grpc.LifecycleServiceStub(channel).Release(
+                lifecycle_pb2.ReleaseRequest(run_id=run_id), timeout=timeout_s)
+        except grpc.RpcError as e:
+            raise error_from_rpc(e, "LifecycleService.Release") from None
+    return r.released_run_id

@@ -1,7 +1,7 @@
 """Prompt data in verl's schema (parquet or jsonl), tokenized, with a Stateful cursor.
 
-Columns: `prompt` (chat messages), `data_source`, `reward_model.ground_truth`,
-`extra_info`. A tokenizer with a chat template renders the messages with it; one
+Columns: `prompt` (chat messages; data.prompt_key), `data_source` (data.reward_fn_key),
+`reward_model.ground_truth`, `extra_info`; one file or a list of files. A tokenizer with a chat template renders the messages with it; one
 without (the built-in character tokenizer) takes the messages' contents as the text.
 Deliberately not here: writing the built-in task's files (tandem/tasks/), SFT targets
 (controller/sft.py).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -42,35 +42,107 @@ def read_rows(path: str) -> list[dict]:
     raise ValueError(f"data file {path!r}: expected .parquet or .jsonl")
 
 
-def render_prompt(messages, tokenizer) -> str:
+def render_prompt(messages, tokenizer, chat_kwargs: dict | None = None) -> str:
     if isinstance(messages, str):
         return messages
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **(chat_kwargs or {}))
     return "".join(m["content"] for m in messages)
 
 
-def load_examples(path: str, tokenizer, max_prompt_length: int) -> list[Example]:
-    """Tokenize every row; rows whose prompt exceeds max_prompt_length are dropped (logged)."""
-    out, dropped = [], 0
+@dataclass(frozen=True)
+class PromptSpec:
+    """How rows become prompts: verl's data.* keys (tandem.config.DataConfig)."""
+    max_prompt_length: int
+    prompt_key: str = "prompt"
+    reward_fn_key: str = "data_source"
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"  # error | left | right | middle (when not filtered)
+    chat_kwargs: dict | None = None
+
+    @classmethod
+    def of(cls, d) -> PromptSpec:
+        return cls(d.max_prompt_length, d.prompt_key, d.reward_fn_key, d.filter_overlong_prompts, d.truncation,
+                   dict(d.apply_chat_template_kwargs))
+
+
+def _fit(ids: list[int], spec: PromptSpec, where: str) -> list[int] | None:
+    """A prompt's ids within max_prompt_length: None (dropped), truncated, or an error."""
+    n = spec.max_prompt_length
+    if len(ids) <= n:
+        return ids
+    if spec.filter_overlong_prompts:
+        return None
+    if spec.truncation == "left":
+        return ids[-n:]
+    if spec.truncation == "right":
+        return ids[:n]
+    if spec.truncation == "middle":
+        return ids[: n // 2] + ids[len(ids) - (n - n // 2):]
+    raise ValueError(f"{where}: the prompt has {len(ids)} tokens > data.max_prompt_length={n} "
+                     "(data.truncation=error; set data.filter_overlong_prompts=true to drop such rows)")
+
+
+def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: PromptSpec | None = None,
+                  max_samples: int = -1, skipped: dict | None = None) -> list[Example]:
+    """Tokenize every row of a file or a list of files (first `max_samples` rows, -1: all);
+    rows whose prompt exceeds max_prompt_length are dropped (logged) or truncated (`spec`); rows
+    whose prompt tokenizes to nothing (no step could generate from it) are skipped (logged with
+    their rows). Both are counted in `skipped` ({"overlong": n, "empty_prompt": n}) when given."""
+    spec = spec or PromptSpec(max_prompt_length)
+    out, dropped, empty = [], 0, []
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
-    for i, row in enumerate(read_rows(path)):
-        for key in ("prompt", "reward_model"):
+    paths = [path] if isinstance(path, str) else list(path)
+    rows = [(p, i, row) for p in paths for i, row in enumerate(read_rows(p))]
+    for p, i, row in rows[:max_samples] if max_samples >= 0 else rows:
+        for key in (spec.prompt_key, "reward_model"):
             if key not in row:
-                raise ValueError(f"{path}: row {i} has no column {key!r}")
-        text = render_prompt(row["prompt"], tokenizer)
-        ids = bos + tokenizer(text, add_special_tokens=False)["input_ids"]
-        if len(ids) > max_prompt_length:
+                raise ValueError(f"{p}: row {i} has no column {key!r}")
+        text = render_prompt(row[spec.prompt_key], tokenizer, spec.chat_kwargs)
+        tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not tokens:
+            empty.append(f"{p}: row {i}")
+            continue
+        ids = _fit(bos + tokens, spec, f"{p}: row {i}")
+        if ids is None:
             dropped += 1
             continue
         out.append(Example(ids, text, str(row["reward_model"]["ground_truth"]),
-                           row.get("data_source") or "", row.get("extra_info") or {}))
+                           row.get(spec.reward_fn_key) or "", row.get("extra_info") or {}))
     if dropped:
-        _log.warning("data.overlong_prompts_dropped", path=path, dropped=dropped,
-                     max_prompt_length=max_prompt_length)
+        _log.warning("data.overlong_prompts_dropped", path=paths, dropped=dropped,
+                     max_prompt_length=spec.max_prompt_length)
+    if empty:
+        _log.warning("data.empty_prompts_skipped", path=paths, skipped=len(empty), rows=empty[:20])
+    if skipped is not None:
+        skipped.update({"overlong": dropped, "empty_prompt": len(empty)})
     if not out:
-        raise ValueError(f"{path}: no usable rows (dropped {dropped} overlong)")
+        raise ValueError(f"{paths}: no usable rows (dropped {dropped} overlong, {len(empty)} whose prompt "
+                         "tokenizes to nothing)")
     return out
+
+
+def load_split(d, which: str, tokenizer, skipped: dict | None = None) -> list[Example]:
+    """data.train_files (which="train") or data.val_files ("val") with data.*'s options ([] when
+    unset); `skipped`: see load_examples."""
+    files = d.train_files if which == "train" else d.val_files
+    if not files:
+        return []
+    max_samples = d.train_max_samples if which == "train" else d.val_max_samples
+    return load_examples(files, tokenizer, spec=PromptSpec.of(d), max_samples=max_samples, skipped=skipped)
+
+
+def with_epoch_steps(cfg, train_rows: int):
+    """cfg with trainer.total_training_steps = total_epochs x full batches of data.train_batch_size in
+    one pass over the training rows (verl drops the last partial batch), when steps are unset."""
+    t, batch = cfg.trainer, cfg.data.train_batch_size
+    if t.total_training_steps is not None:
+        return cfg
+    if train_rows < batch:
+        raise ValueError(f"data.train_files: {train_rows} usable rows < data.train_batch_size={batch}: "
+                         "trainer.total_epochs gives no step")
+    return replace(cfg, trainer=replace(t, total_training_steps=t.total_epochs * (train_rows // batch)))
 
 
 def collate(examples: list[Example], pad_id: int) -> DataProto:

@@ -65,7 +65,8 @@ async def score_rows(reward, batch: DataProto, cfg) -> RowScores:
             tries = f" after {attempt + 1} attempts" if e.code in RETRIED else ""
             return _all_failed(n, f"{e.code.name}{tries}: {e}")
         if len(scores) != n:
-            return _all_failed(n, f"the reward service returned {len(scores)} scores for {n} rows")
+            return _all_failed(n, f"the reward service at {reward.endpoint} returned {len(scores)} values in "
+                                  f"'scores' for {n} rows (one per row, in row order)")
         bad = [i for i in failures if not 0 <= i < n]
         if bad:
             return _all_failed(n, f"the reward service reported failures for rows {bad[:5]} of {n}")

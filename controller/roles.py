@@ -3,7 +3,8 @@
 `connect` builds `Roles` from the endpoints a launcher returned; a step and the run call
 through it. In colocated mode the rollout is the actor's process (it serves RolloutService
 on its own weights), so `roles.rollout` talks to the actor's endpoint; in standalone mode
-it is its own service, and `Roles.sync_rollout` copies the actor's weights to it.
+it is its own service (one or more replicas: controller/rollout_replicas.py), and
+`Roles.sync_rollout` has it pull the actor's weights.
 
 Deliberately not here: starting services (controller/launchers/), the wire format of the
 calls (controller/clients.py), when to sync (the run and the step decide).
@@ -14,6 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
+from controller.launchers.commands import replica_index, service_of
+from controller.rollout_replicas import RolloutReplicas, replica_roles
+from controller.weight_sync import sync_weights
 from tandem.config import TandemConfig
 from tandem.rpc.security import EndpointSecurity
 
@@ -24,7 +28,7 @@ def needed_roles(cfg: TandemConfig) -> list[str]:
     """The services a run of `cfg` talks to, in start order."""
     roles = ["actor", "reward"]
     if cfg.actor_rollout_ref.rollout.mode == "standalone":
-        roles.append("rollout")
+        roles += replica_roles(cfg.services.rollout.replicas)
     if cfg.algorithm.adv_estimator == "gae":
         roles.append("critic")
     return roles
@@ -46,16 +50,34 @@ class Roles:
         for c in self._clients():
             c.set_metadata(x_step=step)
 
-    async def sync_rollout(self) -> None:
-        """Give a standalone rollout the actor's current weights (colocated: nothing to do).
+    async def sync_rollout(self, version: int | None = None, force: bool = False) -> dict[str, float]:
+        """Have every standalone rollout replica pull the actor's weights (colocated: nothing to
+        do) -> the sync's metrics. The one place the controller orders weights to move; the bytes
+        go from actor to rollout over the weight plane (tandem/weights/, controller/weight_sync.py).
+        version: the actor's after its update (None: ask it); force: a run's first sync (attached
+        or restarted rollouts may have seen another run's versions)."""
+        if not self.standalone_rollout:
+            return {}
+        return await sync_weights(self.actor, self.rollout, version, force=force)
 
-        The one place weights move from actor to rollout. The transport today is the
-        controller itself (ExportWeights from the actor, LoadWeights on the rollout, the
-        weights passing through this process); the weight plane of DESIGN section 5
-        (NCCL, CUDA IPC, a stream between the services) replaces the body of this method."""
-        if self.standalone_rollout:
-            weights, version = await self.actor.export_weights()
-            await self.rollout.load_weights(weights, version)
+    def service_clients(self, role: str) -> list:
+        """The clients that talk to `role`'s service (colocated, the actor's serves the rollout
+        too; `rollout-k`: the k-th standalone rollout replica)."""
+        if service_of(role) == "rollout" and self.standalone_rollout:
+            return [self.rollout.clients[replica_index(role)]]
+        clients = [getattr(self, role)]
+        if role == "actor" and not self.standalone_rollout:
+            clients.append(self.rollout)
+        return clients
+
+    async def repoint(self, role: str, endpoint: str) -> None:
+        """`role`'s service was restarted at `endpoint`: its clients talk to it from now on.
+
+        With the local launcher a restarted service starts from the run's config.yaml, so this
+        is all the reconfiguring it needs; a service that starts without a run config (long-lived
+        services) gets its Configure call here."""
+        for client in self.service_clients(role):
+            await client.repoint(endpoint)
 
     async def close(self) -> None:
         for c in self._clients():
@@ -63,11 +85,23 @@ class Roles:
 
 
 def security(cfg: TandemConfig, role: str) -> EndpointSecurity:
-    """TLS and token for calling `role` (services.<role>.tls / .auth)."""
-    return EndpointSecurity.from_section(getattr(cfg.services, role), f"services.{role}")
+    """TLS and token for calling `role` (services.<role>.tls / .auth; a rollout replica: the rollout's)."""
+    return EndpointSecurity.from_section(getattr(cfg.services, service_of(role)), f"services.{service_of(role)}")
 
 
-async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str) -> Roles:
+def attach_endpoints(cfg: TandemConfig, roles: list[str]) -> dict[str, str | None]:
+    """{role: the endpoint to attach to, or None to start it}; rollout replicas take the
+    comma-separated services.rollout.endpoint in order."""
+    out = {}
+    for role in roles:
+        endpoint = getattr(cfg.services, service_of(role)).endpoint
+        if endpoint and service_of(role) == "rollout":
+            endpoint = endpoint.split(",")[replica_index(role)].strip()
+        out[role] = endpoint
+    return out
+
+
+async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str, pad_id: int) -> Roles:
     """A client per endpoint (with its TLS and token), each waited on until its service reports
     SERVING -> Roles."""
     s = cfg.services
@@ -75,15 +109,17 @@ async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str) 
     try:
         for role, endpoint in endpoints.items():
             timeout_s = cfg.reward_model.timeout_s if role == "reward" else s.rpc_timeout_s
-            clients[role] = ROLE_CLIENTS[role](endpoint, timeout_s=timeout_s, metadata={"x-run-id": run_id},
-                                               security=security(cfg, role))
+            clients[role] = ROLE_CLIENTS[service_of(role)](endpoint, timeout_s=timeout_s,
+                                                           metadata={"x-run-id": run_id}, security=security(cfg, role))
             await clients[role].wait_healthy(timeout_s=s.startup_timeout_s)
     except BaseException:
         for c in clients.values():
             await c.close()
         raise
     standalone = cfg.actor_rollout_ref.rollout.mode == "standalone"
-    rollout = clients["rollout"] if standalone else RolloutClient(endpoints["actor"], timeout_s=s.rpc_timeout_s,
-                                                                  security=security(cfg, "actor"))
+    if standalone:
+        rollout = RolloutReplicas([clients[r] for r in replica_roles(s.rollout.replicas)], pad_id)
+    else:
+        rollout = RolloutClient(endpoints["actor"], timeout_s=s.rpc_timeout_s, security=security(cfg, "actor"))
     return Roles(actor=clients["actor"], rollout=rollout, reward=clients["reward"],
                  critic=clients.get("critic"), standalone_rollout=standalone)

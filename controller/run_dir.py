@@ -17,16 +17,21 @@ import uuid
 from dataclasses import replace
 
 from controller import checkpointing
+from controller.sft import resolve_stop
 from tandem.config import TandemConfig, load_config, to_yaml
 
 CONFIG_FILE = "config.yaml"
 
 
-def create_run_dir(cfg: TandemConfig) -> tuple[TandemConfig, str]:
-    """Create the run directory; materialise the built-in tokenizer and data when used
-    -> (the config with their paths filled in, the directory)."""
+def new_run_id(cfg: TandemConfig) -> str:
+    return f"{cfg.trainer.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+
+
+def create_run_dir(cfg: TandemConfig, run_id: str | None = None) -> tuple[TandemConfig, str]:
+    """Create the run directory (named `run_id`, default a new one); materialise the built-in
+    tokenizer and data when used -> (the config with their paths filled in, the directory)."""
     t = cfg.trainer
-    run_id = f"{t.experiment_name}-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    run_id = run_id or new_run_id(cfg)
     run_dir = os.path.abspath(os.path.join(t.default_local_dir, run_id))
     os.makedirs(run_dir)
     return materialise(cfg, run_dir), run_dir
@@ -43,11 +48,13 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
 
         model = replace(model, tokenizer_path=build_tokenizer(os.path.join(run_dir, "tokenizer")))
     data = cfg.data
+    sft = resolve_stop(cfg.trainer.sft, builtin_task=data.train_files is None)
+    cfg = replace(cfg, trainer=replace(cfg.trainer, sft=sft))
     if data.train_files is None:
         from tandem.tasks.arithmetic import write_dataset
 
         train, val = write_dataset(os.path.join(run_dir, "data"), data.builtin_train_size,
-                                   data.builtin_val_size, data.seed)
+                                   data.builtin_val_size, data.seed, data.builtin_fixed_width)
         data = replace(data, train_files=train, val_files=val)
     cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
     with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:

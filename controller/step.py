@@ -4,10 +4,16 @@
    greedy baseline per prompt; DAPO: generation rounds until enough prompt groups with
    varied rewards are kept, controller/dapo.py);
 2. log-probs and values: old and reference log-probs and the critic's values, concurrently;
+   when the update trains every row on the current weights (one mini-batch, one epoch, no KL
+   in the reward: the default), the old log-probs are the update's own forward pass's
+   (bit-identical, one forward pass less per step; TRL does the same) and come back in phase 4;
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
 
-Each phase is timed as `timing_s/<phase>`; then verl's data metrics and throughput.
+Timings carry verl's names (`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,
+update_actor,update_weights,step}`); the calls of a phase that run concurrently (old log-probs,
+reference and values; actor and critic updates) are each timed on their own, so they overlap.
+Then verl's data metrics and `perf/{total_num_tokens,time_per_step,throughput}`.
 
 Deliberately not here: decoding and scoring details (controller/scoring.py), the math
 (tandem/algos/), validation, checkpoints and the loop over steps (controller/run.py).
@@ -17,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -57,15 +63,29 @@ class StepContext:
         return self.cfg.algorithm.adv_estimator == "gae"
 
     @property
+    def n_gpus(self) -> int:
+        """Devices the step runs on (verl's n_gpus): the largest model service, as roles share them."""
+        s, standalone = self.cfg.services, self.cfg.actor_rollout_ref.rollout.mode == "standalone"
+        return max(s.actor.world_size, s.critic.world_size if self.use_critic else 1,
+                   s.rollout.world_size if standalone else 1)
+
+    @property
     def need_ref(self) -> bool:
         return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
+
+    def on_policy_update(self, rows: int) -> bool:
+        """Whether the update's own forward pass gives the old log-probs (no separate pass): every
+        row is trained on the current weights (one mini-batch, one epoch; as the default) and
+        nothing needs them before the update (KL in the reward does)."""
+        a = self.cfg.actor_rollout_ref.actor
+        return a.ppo_epochs == 1 and rows <= a.ppo_mini_batch_size * self.n and not self.cfg.algorithm.use_kl_in_reward
 
 
 @dataclass
 class LogProbs:
     """Phase 2's outputs, one row per generated row."""
 
-    old: DataProto  # old_log_probs [B, R]
+    old: DataProto | None  # old_log_probs [B, R]; on-policy updates fill it in (phase 4)
     ref: DataProto | None  # ref_log_prob [B, R], when KL is in the loss or the reward
     values: DataProto | None  # values [B, R], with a critic
 
@@ -82,10 +102,19 @@ class Advantages:
 
 
 @contextmanager
-def timed(metrics: dict, name: str):
+def timed(metrics: dict, key: str):
+    """Add the block's wall-clock seconds to metrics[key] (a phase run several times adds up)."""
     t0 = time.perf_counter()
     yield
-    metrics[f"timing_s/{name}"] = time.perf_counter() - t0
+    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
+
+
+async def _timed(coro, metrics: dict, key: str):
+    """Await `coro` (None: nothing), timing it as metrics[key]."""
+    if coro is None:
+        return None
+    with timed(metrics, key):
+        return await coro
 
 
 async def _maybe(coro):
@@ -97,57 +126,79 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     (DAPO dynamic sampling may take several batches in one step)."""
     metrics: dict[str, float] = {}
     t_step = time.perf_counter()
-    with timed(metrics, "gen"):
-        gen, sampling_metrics = await rollout_and_score(ctx, prompts, step)
-        metrics.update(sampling_metrics)
-    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
-    if len(gen) == 0:  # reward_model.on_failure=drop dropped every row: nothing to train on
-        _log.warning("step.skipped", step=step, reason="no row could be scored")
-        metrics["timing_s/step"] = time.perf_counter() - t_step
+    gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics)
+    metrics.update(sampling_metrics)
+    if nothing_to_train(gen, step, metrics):
+        metrics[M.TIMING_STEP] = time.perf_counter() - t_step
         return metrics
+    version = await train_on(ctx, gen, step, metrics)
+    if ctx.roles.standalone_rollout and version is not None:  # colocated: the rollout uses the actor's weights
+        with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
+            metrics.update(await ctx.roles.sync_rollout(version))
+    metrics.update(perf_metrics(gen, t_step, ctx.n_gpus))
+    return metrics
+
+
+def nothing_to_train(gen: DataProto, step: int, metrics: dict[str, float]) -> bool:
+    """Count the rows that could not be scored; True when none is left (reward_model.on_failure=drop
+    dropped every row) and the step trains on nothing."""
+    metrics.setdefault(M.REWARD_FAILED_ROWS, float(gen.meta.get("reward_failed_rows", 0)))
+    if len(gen) == 0:
+        _log.warning("step.skipped", step=step, reason="no row could be scored")
+    return len(gen) == 0
+
+
+async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
+                   update_guard: AbstractAsyncContextManager | None = None) -> int | None:
+    """Phases 2-4 on a scored batch with rows, its metrics added to `metrics` -> the actor's weights
+    version after its update (None: the actor did not update, trainer.critic_warmup). `update_guard`
+    is held around the update (the asynchronous loop keeps weight syncs out of it)."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
-    with timed(metrics, "reward_logprob_values"):
-        lp = await log_probs_and_values(ctx, seq)
-    with timed(metrics, "adv"):
+    # on-policy: the update's own forward gives the old log-probs (not while the critic warms up)
+    on_policy = ctx.on_policy_update(len(seq)) and step > ctx.cfg.trainer.critic_warmup
+    lp = await log_probs_and_values(ctx, seq, metrics, old=not on_policy)
+    with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
-    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     actor_batch, critic_batch = update_batches(ctx, seq, gen, lp, adv)
-    with timed(metrics, "update_actor_critic"):
-        update_metrics = await update_actor_critic(ctx.roles, actor_batch, critic_batch)
+    if step <= ctx.cfg.trainer.critic_warmup:  # verl: the critic learns first, the policy waits
+        actor_batch = None
+    async with update_guard or nullcontext():
+        update_metrics, version = await update_actor_critic(ctx.roles, actor_batch, critic_batch, lp, metrics)
+    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
     metrics.update(update_metrics)
-    if ctx.roles.standalone_rollout:  # colocated, the rollout generates on the actor's own weights
-        with timed(metrics, "sync_weights"):
-            await ctx.roles.sync_rollout()
     metrics.update(data_metrics(ctx, gen, lp, adv))
-    metrics.update(perf_metrics(gen, t_step))
-    return metrics
+    return version
 
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
 
-async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int) -> tuple[DataProto, dict[str, float]]:
-    """The step's scored generations, and DAPO's counts when dynamic sampling is on."""
-    cfg = ctx.cfg
+async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int,
+                            timings: dict | None = None) -> tuple[DataProto, dict[str, float]]:
+    """The step's scored generations, and DAPO's counts when dynamic sampling is on (`timings`
+    gets timing_s/gen and timing_s/reward, summed over DAPO's rounds)."""
+    cfg, timings = ctx.cfg, {} if timings is None else timings
     seed = cfg.trainer.seed * 1_000_003 + step
     if cfg.algorithm.filter_groups.enable:
-        return await collect_varied_groups(lambda batch, i: generate_and_score(ctx, batch, seed + 7919 * i),
+        return await collect_varied_groups(lambda batch, i: generate_and_score(ctx, batch, seed + 7919 * i, timings),
                                            prompts, cfg, ctx.tokenizer.pad_token_id)
     batch = prompts(cfg.data.train_batch_size) if callable(prompts) else prompts
-    return await generate_and_score(ctx, batch, seed), {}
+    return await generate_and_score(ctx, batch, seed, timings), {}
 
 
-async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int) -> DataProto:
+async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, timings: dict | None = None) -> DataProto:
     """n samples per prompt (rows prompt-major), scored. Adds per-row tensors `acc` (the
     verifier's score), `seq_reward` (acc + overlong penalty) and, for ReMax,
     `reward_baselines` (the shaped score of a greedy response to the same prompt). Rows that
     could not be scored fail the step or leave with their prompt group
     (reward_model.on_failure, controller/reward_calls.py); meta `reward_failed_rows` counts them."""
-    roles, cfg, tokenizer = ctx.roles, ctx.cfg, ctx.tokenizer
+    roles, cfg, tokenizer, timings = ctx.roles, ctx.cfg, ctx.tokenizer, {} if timings is None else timings
     r, max_new = cfg.actor_rollout_ref.rollout, cfg.data.max_response_length
-    gen = await roles.rollout.generate_sequences(
-        prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, seed=seed)
+    with timed(timings, M.TIMING_GEN):
+        gen = await roles.rollout.generate_sequences(
+            prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+            seed=seed)
 
     async def greedy_baseline() -> tuple[RowScores, torch.Tensor]:
         base = await roles.rollout.generate_sequences(prompts, max_new_tokens=max_new, n=1, greedy=True)
@@ -155,8 +206,9 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int) ->
         return scored, scoring.shaped_scores(scored.scores, base["response_mask"], cfg)
 
     remax = cfg.algorithm.adv_estimator == "remax"
-    scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
-                                            _maybe(greedy_baseline() if remax else None))
+    with timed(timings, M.TIMING_REWARD):  # ReMax's greedy baseline rollout is scored meanwhile
+        scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
+                                                _maybe(greedy_baseline() if remax else None))
     failures = dict(scored.failures)
     if remax:  # a prompt without a baseline cannot be trained on either
         failures.update({p * r.n + i: f"ReMax baseline: {why}" for p, why in baseline[0].failures.items()
@@ -181,12 +233,15 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 
 # ---- phase 2: log-probs and values ----------------------------------------------------------
 
-async def log_probs_and_values(ctx: StepContext, seq: DataProto) -> LogProbs:
-    actor, critic = ctx.roles.actor, ctx.roles.critic
+async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None,
+                               old: bool = True) -> LogProbs:
+    """Old log-probs (unless the update computes them: `old=False`), reference log-probs and
+    values, concurrently (each timed on its own)."""
+    actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
     old, ref, values = await asyncio.gather(
-        actor.compute_log_prob(seq),
-        _maybe(actor.compute_ref_log_prob(seq) if ctx.need_ref else None),
-        _maybe(critic.compute_values(seq) if ctx.use_critic else None))
+        _timed(actor.compute_log_prob(seq) if old else None, timings, M.TIMING_OLD_LOG_PROB),
+        _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
+        _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
     return LogProbs(old, ref, values)
 
 
@@ -209,7 +264,26 @@ def compute_advantages(ctx: StepContext, gen: DataProto, lp: LogProbs) -> tuple[
         values=lp.values["values"] if ctx.use_critic else None, index=torch.arange(len(gen)) // ctx.n,
         reward_baselines=gen.tensors.get("reward_baselines"),
         gamma=alg.gamma, lam=alg.lam, norm_adv_by_std_in_grpo=alg.norm_adv_by_std_in_grpo)
+    check_finite({"seq_reward (the reward service's scores)": gen["seq_reward"],
+                  # on-policy: no old log-probs yet (the update's own forward gives them)
+                  **({"old_log_probs (the actor)": lp.old["old_log_probs"]} if lp.old is not None else {}),
+                  **({"ref_log_prob (the actor's reference)": lp.ref["ref_log_prob"]} if lp.ref is not None else {}),
+                  **({"values (the critic)": lp.values["values"]} if lp.values is not None else {}),
+                  "token_level_rewards": rewards, "advantages": advantages, "returns": returns}, mask)
     return Advantages(mask, token_scores, rewards, advantages, returns), kl_metrics
+
+
+def check_finite(tensors: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
+    """ValueError naming the first tensor (in the order data flows) with NaN or inf where it
+    counts ([B] per row, or [B, R] on response tokens), and the rows, before any update sees it."""
+    for name, t in tensors.items():
+        bad = ~torch.isfinite(t)
+        if t.dim() == 2:
+            bad = bad & mask.bool()
+        rows = bad.reshape(len(t), -1).any(-1).nonzero().flatten().tolist()
+        if rows:
+            raise ValueError(f"advantages: not computed: '{name}' has NaN or inf in rows {rows[:8]}"
+                             + (f" (and {len(rows) - 8} more)" if len(rows) > 8 else ""))
 
 
 # ---- phase 4: update ------------------------------------------------------------------------
@@ -218,7 +292,8 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
                    adv: Advantages) -> tuple[DataProto, DataProto | None]:
     """-> (the actor's update batch, the critic's or None without a critic)."""
     actor = ctx.cfg.actor_rollout_ref.actor
-    train = seq.union(lp.old.select(tensor_keys=["old_log_probs"]))
+    old = lp.old.select(tensor_keys=["old_log_probs"]) if lp.old is not None else DataProto()  # None: on-policy
+    train = seq.union(old)
     train.tensors["advantages"] = adv.advantages.float()
     if actor.use_kl_loss:
         train.tensors["ref_log_prob"] = lp.ref["ref_log_prob"]
@@ -232,12 +307,28 @@ def update_batches(ctx: StepContext, seq: DataProto, gen: DataProto, lp: LogProb
     return train, critic
 
 
-async def update_actor_critic(roles: Roles, actor_batch: DataProto,
-                              critic_batch: DataProto | None) -> dict[str, float]:
-    (actor_metrics, _version), critic_metrics = await asyncio.gather(
-        roles.actor.update_actor(actor_batch),
-        _maybe(roles.critic.update_critic(critic_batch) if critic_batch is not None else None))
-    return {**actor_metrics, **(critic_metrics or {})}
+async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, critic_batch: DataProto | None,
+                              lp: LogProbs, timings: dict | None = None) -> tuple[dict[str, float], int | None]:
+    """The actor's and the critic's updates, concurrently (each timed on its own); a None batch: no
+    update of that role (no critic, or trainer.critic_warmup) -> (their metrics, the actor's
+    weights version after its update, None when it did not update). An on-policy actor update
+    (lp.old is None) fills in lp.old with the old log-probs its forward pass computed."""
+    timings = {} if timings is None else timings
+    if actor_batch is None:
+        actor_call = None
+    elif lp.old is None:
+        actor_call = roles.actor.update_actor_on_policy(actor_batch)
+    else:
+        actor_call = roles.actor.update_actor(actor_batch)
+    actor_out, critic_metrics = await asyncio.gather(
+        _timed(actor_call, timings, M.TIMING_UPDATE_ACTOR),
+        _timed(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
+               M.TIMING_UPDATE_CRITIC))
+    if not actor_out:
+        return dict(critic_metrics or {}), None
+    if lp.old is None:
+        lp.old = actor_out[2]
+    return {**actor_out[0], **(critic_metrics or {})}, actor_out[1]
 
 
 # ---- metrics --------------------------------------------------------------------------------
@@ -253,8 +344,10 @@ def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages
                                   max_response_length=ctx.cfg.data.max_response_length)
 
 
-def perf_metrics(gen: DataProto, t_step: float) -> dict[str, float]:
-    """timing_s/step (since `t_step`), tokens in the batch and tokens per second."""
+def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:
+    """timing_s/step and perf/time_per_step (since `t_step`), tokens in the batch, and verl's
+    throughput: tokens per second per device."""
     step_s = time.perf_counter() - t_step
     tokens = float(gen["attention_mask"].sum())
-    return {"timing_s/step": step_s, "perf/total_num_tokens": tokens, "perf/throughput": tokens / step_s}
+    return {M.TIMING_STEP: step_s, M.PERF_TIME_PER_STEP: step_s, M.PERF_TOTAL_NUM_TOKENS: tokens,
+            M.PERF_THROUGHPUT: tokens / (step_s * n_gpus)}

@@ -1,4 +1,5 @@
-"""Metric sinks for the controller: console, JSONL and TensorBoard.
+"""Metric sinks for the controller: console, JSONL and TensorBoard, plus wandb / mlflow
+(controller/trackers.py, optional extras).
 
 ``Tracking.log(metrics, step)`` fans one dict of scalars out to every enabled
 sink. Keys are verl's names (``actor/pg_loss``, ``critic/score/mean``,
@@ -7,15 +8,21 @@ a few of them for the one-line console summary (``CONSOLE_METRICS``).
 
 - ``jsonl``: one ``{"step": step, **metrics}`` line per call appended to
   ``run_dir/metrics.jsonl``, flushed immediately so a crashed run keeps every
-  logged step (and a resumed run appends to the same file).
+  logged step (and a resumed run appends to the same file). ``rewind(step)``
+  (a run gone back to a checkpoint) drops the lines of later steps, so each
+  step has its lines once; TensorBoard hides their events (``purge_step``).
 - ``tensorboard``: scalars under ``run_dir/tensorboard`` (torch's SummaryWriter,
   imported only when this sink is enabled).
 - ``console``: on a terminal, a rich progress bar (steps done/total, elapsed,
   ETA) with one summary line per step printed above it; when stderr is not an
   interactive terminal (CI logs, ``> file``, or rich's ``TTY_INTERACTIVE=0``),
-  no live display, just the plain lines with elapsed/ETA appended.
+  no live display, just the plain lines with elapsed/ETA appended. The ETA is the
+  mean ``timing_s/step`` of the RL steps logged so far times the steps left: service
+  start-up, SFT and validation do not count.
+- ``log_generations``: validation samples (trainer.log_val_generations) to
+  ``run_dir/val_generations.jsonl``, TensorBoard text, a wandb table, an mlflow artifact.
 
-Not here: W&B/MLflow sinks, metric computation, aggregation across ranks.
+Not here: metric computation, aggregation across ranks.
 """
 
 from __future__ import annotations
@@ -37,10 +44,12 @@ from rich.progress import (
     TaskID,
     TextColumn,
     TimeElapsedColumn,
-    TimeRemainingColumn,
 )
 
-KNOWN_LOGGERS = ("console", "jsonl", "tensorboard")
+from controller.trackers import SINKS, make_sink
+
+KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", *SINKS)
+GENERATIONS_FILE = "val_generations.jsonl"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
@@ -63,6 +72,14 @@ def _scalar(key: str, value: Any) -> int | float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"metric {key!r} must be a scalar number, got {type(value).__name__}: {value!r}")
     return value
+
+
+def _step_of(line: str) -> int | None:
+    """The step of a metrics.jsonl line; None for a torn one (a crash mid-write)."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _hms(seconds: float) -> str:
@@ -98,6 +115,7 @@ class Tracking:
         total_steps: int,
         project: str = "tandem",
         experiment: str = "run",
+        config: dict | None = None,
     ) -> None:
         unknown = [name for name in loggers if name not in KNOWN_LOGGERS]
         if unknown:
@@ -116,6 +134,8 @@ class Tracking:
             )
 
             self._tb = SummaryWriter(log_dir=os.path.join(run_dir, TENSORBOARD_DIR))
+        self._sinks = {name: make_sink(name, run_dir, project, experiment, config or {})
+                       for name in loggers if name in SINKS}
 
         self._console: Console | None = None
         self._progress: Progress | None = None
@@ -129,14 +149,13 @@ class Tracking:
                     BarColumn(),
                     MofNCompleteColumn(),
                     TimeElapsedColumn(),
-                    TextColumn("ETA"),
-                    TimeRemainingColumn(),
+                    TextColumn("ETA {task.fields[eta]}"),
                     console=self._console,
                 )
-                self._task = self._progress.add_task(escape(f"{project}/{experiment}"), total=total_steps)
+                self._task = self._progress.add_task(escape(f"{project}/{experiment}"), total=total_steps, eta="?")
                 self._progress.start()
         self._start = time.monotonic()
-        self._start_step: int | None = None  # steps done before this process started (resume)
+        self._step_seconds: dict[int, float] = {}  # RL step -> its timing_s/step (the ETA's basis)
         self._closed = False
 
     def log(self, metrics: Mapping[str, Any], step: int) -> None:
@@ -153,23 +172,59 @@ class Tracking:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, global_step=step)
             self._tb.flush()
+        for sink in self._sinks.values():
+            sink.log(values, step)
+        if "timing_s/step" in values:
+            self._step_seconds[step] = values["timing_s/step"]
         if self._console is not None:
             self._log_console(values, step)
 
+    def rewind(self, step: int) -> None:
+        """The run went back to `step` (a checkpoint): forget what was logged for later steps."""
+        if self._jsonl is not None:
+            path = self._jsonl.name
+            self._jsonl.close()
+            with open(path, encoding="utf-8") as f:
+                kept = [line for line in f if _step_of(line) is not None and _step_of(line) <= step]
+            with open(path + ".tmp", "w", encoding="utf-8") as f:
+                f.writelines(kept)
+            os.replace(path + ".tmp", path)
+            self._jsonl = open(path, "a", encoding="utf-8")
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            log_dir = self._tb.log_dir
+            self._tb.close()
+            self._tb = SummaryWriter(log_dir=log_dir, purge_step=step + 1)
+
     def _log_console(self, values: dict[str, int | float], step: int) -> None:
         assert self._console is not None
-        if self._start_step is None:
-            self._start_step = step - 1
         parts = [f"step {step}/{self.total_steps}"]
         parts += [f"{label} {values[key]:.4g}" for key, label in CONSOLE_METRICS.items() if key in values]
         if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, completed=min(step, self.total_steps))
+            self._progress.update(self._task, completed=min(step, self.total_steps), eta=self.eta(step))
         else:
-            elapsed = time.monotonic() - self._start
-            done = step - self._start_step
-            eta = f"{_hms(elapsed / done * max(self.total_steps - step, 0))}" if done > 0 else "?"
-            parts.append(f"{_hms(elapsed)} elapsed, ETA {eta}")
+            parts.append(f"{_hms(time.monotonic() - self._start)} elapsed, ETA {self.eta(step)}")
         self._console.print(" | ".join(parts))
+
+    def eta(self, step: int) -> str:
+        """Time left after `step`: the mean seconds of the RL steps logged so far x the steps left."""
+        if not self._step_seconds:
+            return "?"
+        mean = sum(self._step_seconds.values()) / len(self._step_seconds)
+        return _hms(mean * max(self.total_steps - step, 0))
+
+    def log_generations(self, samples: list[tuple[str, str, float]], step: int) -> None:
+        """Validation samples (prompt, response, score) as of `step`, to every sink that takes text."""
+        rows = [{"step": step, "input": p, "output": o, "score": s} for p, o, s in samples]
+        with open(os.path.join(self.run_dir, GENERATIONS_FILE), "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        if self._tb is not None:
+            text = "\n\n".join(f"**input** {r['input']}\n\n**output** {r['output']}\n\n**score** {r['score']}"
+                                for r in rows)
+            self._tb.add_text("val/generations", text, global_step=step)
+        for sink in self._sinks.values():
+            sink.log_generations(rows, step)
 
     @contextmanager
     def phase(self, name: str, total: int) -> Iterator[_Phase]:
@@ -179,7 +234,7 @@ class Tracking:
         """
         task = None
         if self._progress is not None:
-            task = self._progress.add_task(escape(name), total=total)
+            task = self._progress.add_task(escape(name), total=total, eta="-")
         elif self._console is not None:
             self._console.print(f"{name} started ({total} total)")
         handle = _Phase(self, name, total, task)
@@ -204,6 +259,8 @@ class Tracking:
             self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self._sinks.values():
+            sink.close()
 
     def __enter__(self) -> Tracking:
         return self

@@ -14,8 +14,10 @@ Two passes over the validation prompts, both scored by the reward service:
 `greedy_accuracy` is the greedy pass alone (the initial policy's accuracy, before SFT).
 
 best@k, worst@k and maj@k are bootstrap estimates (1000 resamples of k of the N
-responses, fixed seed), as in verl. Deliberately not here: pass@k estimators, logging
-validation generations.
+responses, fixed seed), as in verl. With `samples` given, run_validation also returns the
+first trainer.log_val_generations (prompt, response, score) triples, picked as verl picks them
+(sorted by prompt, shuffled with seed 42). Deliberately not here: pass@k estimators, writing
+the samples (controller/tracking.py).
 """
 from __future__ import annotations
 
@@ -165,8 +167,17 @@ def _scored(scores: torch.Tensor, *per_row: list) -> tuple[list, ...]:
     return ([float(scores[i]) for i in keep], *([values[i] for i in keep] for values in per_row))
 
 
-async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: int) -> dict[str, float]:
-    """Greedy and (when val_kwargs.do_sample) sampled validation -> metrics (empty if no examples)."""
+def pick_samples(prompts: list[str], texts: list[str], scores: list[float], k: int) -> list[tuple[str, str, float]]:
+    """verl's choice of validation generations to log: sorted by prompt, shuffled (seed 42), first k."""
+    samples = sorted(zip(prompts, texts, scores), key=lambda x: x[0])
+    np.random.RandomState(42).shuffle(samples)
+    return [(p, t, float(s)) for p, t, s in samples[:k]]
+
+
+async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: int,
+                         samples: list | None = None) -> dict[str, float]:
+    """Greedy and (when val_kwargs.do_sample) sampled validation -> metrics (empty if no examples);
+    `samples` (a list) is extended with trainer.log_val_generations (prompt, response, score)."""
     if not examples:
         return {}
     t0 = time.perf_counter()
@@ -191,11 +202,15 @@ async def run_validation(roles, examples: list[Example], tokenizer, cfg, step: i
         for source in sorted(set(sources)):
             picked = [float(g) for g, s in zip(greedy, sources) if s == source and g == g]
             out[f"val-aux/{source}/reward_greedy/mean@1"] = float(np.mean(picked)) if picked else float("nan")
+        logged = ([e.prompt_text for e in examples for _ in range(vk.n)], texts, scores.tolist())
     else:
+        logged = ([e.prompt_text for e in examples], greedy_texts, greedy.tolist())
         rewards, row_sources, uids, preds = _scored(greedy, sources, list(range(len(examples))),
                                                     [extract_pred(t) for t in greedy_texts])
         out.update(metric_names(process_validation_metrics(row_sources, uids, {"reward": rewards, "pred": preds})))
     if failed:
         out[M.VAL_FAILED_ROWS] = float(failed)
+    if samples is not None:
+        samples.extend(pick_samples(*logged, cfg.trainer.log_val_generations))
     out[M.TIMING_TESTING] = time.perf_counter() - t0
     return out

@@ -53,8 +53,19 @@ class Launcher(ABC):
         """Stop every service this launcher started (gracefully, then by force). Safe to call twice."""
 
     async def restart(self, role: str) -> str:
-        """Start `role` again after it died -> its new endpoint (crash recovery: not yet)."""
+        """Start `role` again after it died (what is left of it, e.g. its other ranks, is
+        stopped first) and wait until it serves -> its new endpoint. The restarted service
+        takes the run's config as at the first start (crash recovery, controller/recovery.py)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart the {role} service yet")
+
+    def is_running(self, role: str) -> bool | None:
+        """Whether the service this launcher started for `role` is still running; None when
+        this launcher cannot tell (the controller then asks the service's health check)."""
+        return None
+
+    def describe(self, role: str) -> str:
+        """How `role`'s service is or ended, and where its log is, for error messages."""
+        return "no details from this launcher"
 
 
 # name -> "module:class", imported only when picked

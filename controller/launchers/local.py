@@ -6,8 +6,12 @@ services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/
 once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
 session, so Ctrl-C reaches only the controller, which then stops them.
 
+`restart(role)` kills what is left of a service (its process group: every rank) and starts
+it again the same way; the launcher keeps each role's current process.
+
 Deliberately not here: attaching to running services (controller/launchers/__init__.py
-leaves those roles out), health checks over gRPC (the clients wait for those), restarts.
+leaves those roles out), health checks over gRPC (the clients wait for those), deciding
+when to restart (controller/recovery.py).
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import time
 from collections.abc import Sequence
 
 from controller.launchers import LaunchContext, Launcher, log_tail
-from controller.launchers.commands import connect_host, service_argv, service_env
+from controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")
@@ -50,7 +54,7 @@ class LocalLauncher(Launcher):
         log_path = os.path.join(self._logs_dir, f"{role}.log")
         cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
                            run_id=self.ctx.run_id)
-        env = dict(os.environ, **service_env())
+        env = dict(os.environ, **service_env(), **devices_env(self.ctx.cfg, role))
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             self.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     start_new_session=True)  # Ctrl-C reaches us only
@@ -58,7 +62,7 @@ class LocalLauncher(Launcher):
         _log.info("service.started", role=role, pid=self.processes[role].pid, log=log_path)
 
     def _host(self, role: str) -> str:
-        return self.ctx.hosts.get(role, "127.0.0.1")
+        return self.ctx.hosts.get(service_of(role), "127.0.0.1")
 
     async def _wait_ready(self, roles: list[str]) -> dict[str, str]:
         """Wait for each role's port file; fail fast if one exits."""
@@ -80,6 +84,40 @@ class LocalLauncher(Launcher):
                                    f"{self.ctx.startup_timeout_s:g}s; see {self._logs_dir}")
             await asyncio.sleep(0.2)
         return endpoints
+
+    async def restart(self, role: str) -> str:
+        if role not in self.processes:
+            raise ValueError(f"no {role} service was started by this launcher; started: {sorted(self.processes)}")
+        self._kill(role)
+        self._spawn(role)
+        return (await self._wait_ready([role]))[role]
+
+    def is_running(self, role: str) -> bool | None:
+        proc = self.processes.get(role)
+        return None if proc is None else proc.poll() is None
+
+    def describe(self, role: str) -> str:
+        proc = self.processes.get(role)
+        if proc is None or proc.poll() is None:
+            state = "running" if proc is not None else "not started"
+        elif proc.returncode < 0:
+            try:
+                state = f"killed by {signal.Signals(-proc.returncode).name}"
+            except ValueError:
+                state = f"killed by signal {-proc.returncode}"
+        else:
+            state = f"exited with code {proc.returncode}"
+        return f"{state}; log {self.logs.get(role, '-')}"
+
+    def _kill(self, role: str) -> None:
+        """SIGKILL the role's whole process group (rank 0 started it as a session leader and its
+        other ranks inherit the group), then reap rank 0."""
+        proc = self.processes[role]
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone
+        proc.wait()
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM every started service, then SIGKILL what is left after the grace period."""

@@ -23,7 +23,7 @@ import os
 from collections.abc import Sequence
 
 from controller.launchers import LaunchContext, Launcher
-from controller.launchers.commands import service_argv, service_env
+from controller.launchers.commands import service_argv, service_env, service_of
 from controller.launchers.ray_rank import ServiceRank
 from tandem.logging import get_logger
 
@@ -45,12 +45,14 @@ def tensor_parallel(cfg, role: str) -> int:
         return cfg.critic.megatron.tensor_model_parallel_size
     if role == "reward" and cfg.reward_model.enable:
         return cfg.reward_model.megatron.tensor_model_parallel_size
+    if service_of(role) == "rollout" and cfg.actor_rollout_ref.rollout.mode == "standalone":
+        return cfg.actor_rollout_ref.rollout.tensor_model_parallel_size or 1
     return 1
 
 
 def placement(cfg, role: str) -> tuple[list[dict], str]:
     """(one bundle per rank, the placement strategy) for `role` under `cfg`."""
-    s = getattr(cfg.services, role)
+    s = getattr(cfg.services, service_of(role))
     bundle = {"CPU": s.ray.num_cpus, "GPU": s.ray.num_gpus, **s.ray.resources}
     bundle = {k: float(v) for k, v in bundle.items() if v}
     strategy = s.ray.strategy or ("STRICT_PACK" if tensor_parallel(cfg, role) > 1 else "SPREAD")
@@ -105,7 +107,7 @@ class RayLauncher(Launcher):
         """Start every rank of `role` -> rank 0's bound port once it serves."""
         _, actors = self.groups[role]
         nodes = self.nodes[role] = list(await asyncio.gather(*(a.node.remote() for a in actors)))
-        host = self.ctx.hosts.get(role, "127.0.0.1")
+        host = self.ctx.hosts.get(service_of(role), "127.0.0.1")
         logs = os.path.join(self.ctx.run_dir, "logs")
         master = None
         if len(actors) > 1:

@@ -1,7 +1,8 @@
 """Actor service: policy + reference (+ the colocated rollout). `python -m services.actor`.
 
-With services.actor.world_size > 1 this process is rank 0 (the front door) and starts the
-other ranks; they build the same workers and follow rank 0's commands.
+Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
+run at start. With services.actor.world_size > 1 this process is rank 0 (the front door) and
+starts the other ranks; they build the same workers and follow rank 0's commands.
 """
 from __future__ import annotations
 
@@ -11,40 +12,46 @@ from services.actor.servicer import SERVICE, ActorServicer
 from services.actor.worker import ActorWorker
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
-from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
-from tandem.serving.rank_group import RankGroup
+from tandem.serving.process import load_tokenizer, run_service
+from tandem.serving.role import Built, Role
 from tandem.serving.rollout_front import RolloutFront
 from tandem.serving.rollout_servicer import SERVICE as ROLLOUT_SERVICE
-from tandem.serving.rollout_servicer import RolloutServicer
+from tandem.serving.rollout_servicer import GenerationLimits, RolloutServicer
+
+
+class ActorRole(Role):
+    name = "actor"
+    service_names = (SERVICE, ROLLOUT_SERVICE)
+
+    def layout(self, cfg):
+        return cfg.services.actor.world_size, ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron)
+
+    def check_layout(self, cfg) -> None:
+        self.validate_layout(cfg, model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg))))
+
+    def build(self, cfg) -> Built:
+        tokenizer = load_tokenizer(cfg)
+        worker = ActorWorker(cfg, len(tokenizer))
+        targets = {"actor": worker}
+        rollout = cfg.actor_rollout_ref.rollout
+        if rollout.mode == "colocated":
+            targets["rollout"] = hybrid.colocated_rollout_worker(
+                worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
+                rollout.tensor_model_parallel_size)
+        return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release])  # Release drops its offload state
+
+    def servicers(self, cfg, built, group, thread):
+        worker, tokenizer = built.targets["actor"], built.extras["tokenizer"]
+        out = {SERVICE: ActorServicer(ActorFront(group, worker), thread)}
+        if "rollout" in built.targets:  # one thread for both: a generation never overlaps an update
+            limits = GenerationLimits(worker.shape.max_position_embeddings, cfg.actor_rollout_ref.rollout.max_batch_size)
+            out[ROLLOUT_SERVICE] = RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
+                                                   thread, limits=limits)
+        return out
 
 
 def main(argv=None) -> None:
-    args = parse_args("actor", argv)
-    cfg = args.cfg
-    m = cfg.actor_rollout_ref.actor.megatron
-    tokenizer = load_tokenizer(cfg)
-    init_service("actor", args, cfg.services.actor.torch_threads, m.seed,
-                 parallel=ParallelConfig.of(m),
-                 world_size=cfg.services.actor.world_size,
-                 shape=model_shape(cfg.actor_rollout_ref.model, len(tokenizer)))
-    worker = ActorWorker(cfg, len(tokenizer))
-    colocated = cfg.actor_rollout_ref.rollout.mode == "colocated"
-    targets = {"actor": worker}
-    if colocated:
-        rollout = cfg.actor_rollout_ref.rollout
-        targets["rollout"] = hybrid.colocated_rollout_worker(
-            worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
-            rollout.tensor_model_parallel_size)
-    group = RankGroup(targets)
-
-    def servicers(thread):
-        out = [(SERVICE, ActorServicer(ActorFront(group, worker), thread))]
-        if colocated:  # one thread for both: a generation never overlaps an update
-            out.append((ROLLOUT_SERVICE, RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                         thread, allow_load_weights=False)))
-        return out
-
-    serve_group("actor", args, group, servicers)
+    run_service(ActorRole(), argv)
 
 
 if __name__ == "__main__":

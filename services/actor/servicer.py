@@ -1,28 +1,38 @@
-"""ActorService adapter: decode, validate, call the ActorWorker on its thread, encode."""
+"""ActorService adapter: decode, validate, call the ActorWorker on its thread, encode.
+
+The weight-plane RPCs (a rollout pulling the policy) come from WeightSourceServicer, over a
+WeightSource that exports on the worker thread and sends from its own threads.
+"""
 from __future__ import annotations
 
 from services.actor.front import ActorFront
-from tandem import checkpoint
 from tandem.data import codec, schemas
-from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from tandem.rpc.errors import FailedPrecondition, InvalidArgument
+from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2
+from tandem.weights.source import WeightSource
+from tandem.weights.source_servicer import WeightSourceServicer
 
 SERVICE = "tandem.v1.ActorService"
 UPDATE_KEYS = ("old_log_probs", "advantages")
+ON_POLICY_KEYS = ("advantages",)
 
 
-class ActorServicer:
+class ActorServicer(WeightSourceServicer):
     def __init__(self, worker: ActorFront, thread: WorkerThread):
         self.worker = worker
         self.thread = thread
 
+        def take():  # on the worker thread: no update can run between these reads and the export
+            return worker.weights_version, worker.mutations, worker.stage_export()
+
+        self.weights = WeightSource(take, thread.run, lambda: worker.mutations)
+
     def _decode(self, request, float_keys=()):
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size, float_keys)
-        temperature = batch.meta.get("temperature", 1.0)
-        if not isinstance(temperature, (int, float)) or not temperature > 0:
-            raise InvalidArgument(f"meta 'temperature': must be a number > 0, got {temperature!r}")
+        schemas.check_meta(batch)
         return batch
 
     async def ComputeLogProb(self, request, context):
@@ -36,11 +46,19 @@ class ActorServicer:
         return actor_pb2.ComputeRefLogProbResponse(batch=codec.encode_batch(out))
 
     async def UpdateActor(self, request, context):
-        keys = UPDATE_KEYS + (("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ())
+        keys = ON_POLICY_KEYS if request.on_policy else UPDATE_KEYS  # on_policy: old_log_probs come from the update
+        keys += ("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ()
         keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
         batch = self._decode(request, keys)
-        metrics = await self.thread.run(self.worker.update_actor, batch)
-        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+        if not request.on_policy:
+            metrics = await self.thread.run(self.worker.update_actor, batch)
+            return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+        if "old_log_probs" in batch.tensors:
+            raise InvalidArgument("on_policy: the batch carries old_log_probs; the update computes them itself")
+        self.worker.check_on_policy(batch)  # before the worker thread: a bad request changes nothing
+        metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch)
+        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
+                                             batch=codec.encode_batch(old))
 
     async def TrainSft(self, request, context):
         batch = codec.decode_batch(request.batch)
@@ -52,24 +70,16 @@ class ActorServicer:
         await self.thread.run(self.worker.set_reference)
         return actor_pb2.SetReferenceResponse()
 
-    async def ExportWeights(self, request, context):
-        weights = await self.thread.run(self.worker.export_weights)
-        return actor_pb2.ExportWeightsResponse(weights=codec.encode_named(weights),
-                                               weights_version=self.worker.weights_version)
-
     async def SaveCheckpoint(self, request, context):
-        if not request.path:
-            raise InvalidArgument("path: must not be empty")
-        path = await self.thread.run(self.worker.save, request.path)
+        path = await self.thread.run(self.worker.save, checkpoint_requests.save_path(request.path))
         return common_pb2.SaveCheckpointResponse(path=path)
 
     async def LoadCheckpoint(self, request, context):
         if request.trunk_only:
             raise InvalidArgument("trunk_only: only the critic loads a trunk")
-        if not checkpoint.is_checkpoint(request.path):
-            raise NotFound(f"path: {request.path!r} is not a complete checkpoint directory")
+        path = checkpoint_requests.load_path(request.path)
         try:
-            version = await self.thread.run(self.worker.load, request.path)
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise FailedPrecondition(f"path: {request.path!r} is not an actor checkpoint of this model: {e}") from None
+            version = await self.thread.run(self.worker.load, path)
+        except checkpoint_requests.LOAD_ERRORS as e:
+            raise FailedPrecondition(f"path: {path!r} is not an actor checkpoint of this model: {e}") from None
         return common_pb2.LoadCheckpointResponse(weights_version=version)

@@ -58,6 +58,7 @@ class ActorWorker:
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
         self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
+        self.exported: dict[str, torch.Tensor] | None = None  # stage_export's copy (rank 0)
         self.memory = actor_memory(self)  # what each call needs on the device (verl's offload keys)
 
     # ---- log-probs -------------------------------------------------------------------
@@ -91,8 +92,11 @@ class ActorWorker:
         return results
 
     # ---- training --------------------------------------------------------------------
-    def update(self, shards: list[DataProto], temperature: float) -> dict:
-        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
+    def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:
+        """One optimizer step per mini-batch shard; on_policy: the shards carry no old log-probs
+        (the loss takes its own forward's and returns them per row, tandem/train/losses.py)."""
+        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
+                                    on_policy=on_policy)
         with self.memory.phase("train"):
             out = self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
             out["steps"].update(memory_metrics("actor"))  # the step's peaks in this process (colocated: all phases)
@@ -131,29 +135,53 @@ class ActorWorker:
 
     # ---- weights and checkpoints ------------------------------------------------------
     def export_weights(self) -> dict[str, torch.Tensor]:
-        """The policy in the TP=1, PP=1 layout (what a standalone rollout at TP=1 loads), on TP
-        rank 0 of DP rank 0 (None elsewhere: the front door uses that one copy); at TP > 1 or
-        PP > 1 the ranks of DP rank 0 take part in the gather, at EP > 1 every rank (experts
-        live on other DP ranks)."""
+        """The policy in the TP=1, PP=1 layout (what a rollout at TP=1 loads) on the CPU, on TP
+        rank 0 of DP rank 0 (None elsewhere: the front door uses that one copy)."""
         with self.memory.phase("weights"):
-            return self._export_weights()
+            weights = self._tp1()
+            return None if weights is None else {k: v.detach().cpu() for k, v in weights.items()}
 
-    def _export_weights(self) -> dict[str, torch.Tensor] | None:
+    def stage_export(self) -> None:
+        """The same weights kept on this rank's device, on global rank 0 only (the weight plane
+        reads them there, tandem/weights/source.py; at TP = PP = EP = 1 they are the parameters
+        themselves, or copies of them with param_offload: the weight plane reads them after this
+        call, when the parameters' storage may be in host memory): `self.exported`."""
+        import torch.distributed as dist
+
+        self.exported = None  # the previous version's copy goes before the new one is built
+        with self.memory.phase("weights"):
+            weights = self._tp1()
+            if weights is not None and self.memory.groups["policy"].offload and _views_of(weights, self.policy):
+                weights = {k: v.clone() for k, v in weights.items()}
+        self.exported = weights if dist.get_rank() == 0 else None
+
+    def release(self) -> None:
+        """The run is released: the offload state (stashed bytes, pinned host buffers) goes with it."""
+        self.exported = None
+        self.memory.drop()
+
+    def _tp1(self) -> dict[str, torch.Tensor] | None:
+        """The TP=1 layout in the weight table's order on TP rank 0 of DP rank 0 (on the device);
+        at TP > 1 or PP > 1 the ranks of DP rank 0 take part in the gather, at EP > 1 every
+        rank (experts live on other DP ranks)."""
         from megatron.core import parallel_state as ps
+
+        from tandem.models.registry import weight_mappings
 
         mcfg = self.actor_cfg.megatron
         ep = mcfg.expert_model_parallel_size
         if ps.get_data_parallel_rank() != 0 and ep == 1:  # every DP replica holds the same weights
             return None  # (at EP > 1 the other DP ranks hold the other experts: every rank gathers)
         if mcfg.tensor_model_parallel_size == 1 and ep == 1 and mcfg.pipeline_model_parallel_size == 1:
-            weights = checkpoint.model_weights(self.policy)
+            params = dict(self.policy.named_parameters())
+            weights = {m.megatron: params[m.megatron].detach() for m in weight_mappings(self.shape)}
         else:
             from tandem.convert.reshard import tp1_weights
 
             weights = tp1_weights(self.policy, self.shape)
         if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
             return None
-        return {k: v.detach().cpu() for k, v in weights.items()}
+        return weights
 
     def export_hf(self, out_dir: str, tokenizer_dir: str | None) -> str:
         """The policy as a Hugging Face checkpoint (TP shards gathered; TP rank 0 of DP rank 0 writes)."""
@@ -172,6 +200,12 @@ class ActorWorker:
             meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
         self._last_trained = self.optimizer  # loaded together with the weights
         return meta
+
+
+def _views_of(weights: dict[str, torch.Tensor], model) -> bool:
+    """Whether any of `weights` shares storage with `model`'s parameters."""
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return any(t.untyped_storage().data_ptr() in ptrs for t in weights.values())
 
 
 def _architecture(hf_dir: str | None) -> str:

@@ -1,7 +1,8 @@
 """Critic service: value model (GPTModel trunk + scalar head). `python -m services.critic`.
 
-With services.critic.world_size > 1 this process is rank 0 (the front door) and starts
-the other ranks.
+Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
+run at start. With services.critic.world_size > 1 this process is rank 0 (the front door)
+and starts the other ranks.
 """
 from __future__ import annotations
 
@@ -10,22 +11,33 @@ from services.critic.servicer import SERVICE, CriticServicer
 from services.critic.worker import CriticWorker
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
-from tandem.serving.process import init_service, load_tokenizer, parse_args, serve_group
-from tandem.serving.rank_group import RankGroup
+from tandem.serving.process import load_tokenizer, run_service
+from tandem.serving.role import Built, Role
+
+
+class CriticRole(Role):
+    name = "critic"
+    service_names = (SERVICE,)
+
+    def layout(self, cfg):
+        return cfg.services.critic.world_size, ParallelConfig.of(cfg.critic.megatron)
+
+    def check_layout(self, cfg) -> None:
+        self.validate_layout(cfg, model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg))))
+
+    def seed(self, cfg) -> int:
+        return cfg.critic.megatron.seed
+
+    def build(self, cfg) -> Built:
+        worker = CriticWorker(cfg, len(load_tokenizer(cfg)))
+        return Built({"critic": worker}, closers=[worker.memory.drop])  # Release drops its offload state
+
+    def servicers(self, cfg, built, group, thread):
+        return {SERVICE: CriticServicer(CriticFront(group, built.targets["critic"]), thread)}
 
 
 def main(argv=None) -> None:
-    args = parse_args("critic", argv)
-    cfg = args.cfg
-    m = cfg.critic.megatron
-    tokenizer_len = len(load_tokenizer(cfg))
-    init_service("critic", args, cfg.services.critic.torch_threads, m.seed,
-                 parallel=ParallelConfig.of(m),
-                 world_size=cfg.services.critic.world_size,
-                 shape=model_shape(cfg.actor_rollout_ref.model, tokenizer_len))
-    worker = CriticWorker(cfg, tokenizer_len)
-    group = RankGroup({"critic": worker})
-    serve_group("critic", args, group, lambda thread: [(SERVICE, CriticServicer(CriticFront(group, worker), thread))])
+    run_service(CriticRole(), argv)
 
 
 if __name__ == "__main__":

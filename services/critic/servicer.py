@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 from services.critic.front import CriticFront
-from tandem import checkpoint
 from tandem.data import codec, schemas
-from tandem.rpc.errors import FailedPrecondition, InvalidArgument, NotFound
+from tandem.rpc.errors import FailedPrecondition
+from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import common_pb2, critic_pb2
 
@@ -19,26 +19,25 @@ class CriticServicer:
     async def ComputeValues(self, request, context):
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size)
+        schemas.check_meta(batch)
         out = await self.thread.run(self.worker.compute_values, batch)
         return critic_pb2.ComputeValuesResponse(batch=codec.encode_batch(out))
 
     async def UpdateCritic(self, request, context):
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size, ("values", "returns"))
+        schemas.check_meta(batch)
         metrics = await self.thread.run(self.worker.update_critic, batch)
         return critic_pb2.UpdateCriticResponse(metrics=metrics)
 
     async def SaveCheckpoint(self, request, context):
-        if not request.path:
-            raise InvalidArgument("path: must not be empty")
-        path = await self.thread.run(self.worker.save, request.path)
+        path = await self.thread.run(self.worker.save, checkpoint_requests.save_path(request.path))
         return common_pb2.SaveCheckpointResponse(path=path)
 
     async def LoadCheckpoint(self, request, context):
-        if not checkpoint.is_checkpoint(request.path):
-            raise NotFound(f"path: {request.path!r} is not a complete checkpoint directory")
+        path = checkpoint_requests.load_path(request.path)
         try:
-            version = await self.thread.run(self.worker.load, request.path, request.trunk_only)
-        except (KeyError, RuntimeError, ValueError) as e:
-            raise FailedPrecondition(f"path: {request.path!r} does not fit this critic: {e}") from None
+            version = await self.thread.run(self.worker.load, path, request.trunk_only)
+        except checkpoint_requests.LOAD_ERRORS as e:
+            raise FailedPrecondition(f"path: {path!r} does not fit this critic: {e}") from None
         return common_pb2.LoadCheckpointResponse(weights_version=version)

@@ -90,7 +90,8 @@ class CriticWorker:
     def _load_trunk(self, actor_path: str) -> None:
         trunk = {k: v for k, v in self.model.sharded_state_dict(prefix="policy.").items()
                  if not k.startswith("output_layer.")}
-        state = checkpoint.load_sharded({"policy": trunk}, actor_path)
+        state = checkpoint.load_sharded(checkpoint.stage_on_host({"policy": trunk}), actor_path)
+        checkpoint.check_finite(state, actor_path)
         missing, unexpected = self.model.load_state_dict(
             checkpoint.strip_prefix(state["policy"], "policy."), strict=False)
         missing = [k for k in missing if not k.startswith("output_layer.")]

@@ -1,60 +1,68 @@
 """Reward service: rules by data_source, or verl's custom compute_score, and/or a reward model
 (a Hugging Face sequence-classification checkpoint on megatron-core). `python -m services.reward`.
 
-Rules and functions only: one process, no torch.distributed. With reward_model.enable the
-service is a rank group like the critic (services.reward.world_size ranks; rank 0 serves).
+Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
+run at start. Rules and functions only: rank 0 alone, no torch.distributed. With
+reward_model.enable the run is served by a rank group like the critic's
+(services.reward.world_size ranks; rank 0 serves).
 """
 from __future__ import annotations
 
 from services.reward.scorer import Scorer, text_scorer
 from services.reward.servicer import SERVICE, RewardServicer
-from tandem.rpc.server import run_server, serve
-from tandem.serving.process import init_service, parse_args, serve_group
-from tandem.serving.worker_thread import WorkerThread
+from tandem.parallel.layout import ParallelConfig
+from tandem.serving.process import run_service
+from tandem.serving.role import Built, Role
 
 
-def serve_rules(args) -> None:
-    cfg = args.cfg
-    init_service("reward", args, cfg.services.reward.torch_threads, seed=0)
-    scorer = Scorer(text_scorer(cfg))
-    thread = WorkerThread("reward")
-    try:
-        run_server(serve([(SERVICE, RewardServicer(scorer, thread))], role="reward", host=args.host,
-                         port=args.port, port_file=args.port_file, security=args.security))
-    finally:
-        thread.shutdown(wait=False)
-        scorer.close()
+class RewardRole(Role):
+    name = "reward"
+    service_names = (SERVICE,)
+    ranks_at_start = False  # rules need none; a reward model run starts its ranks
 
+    def ranked(self, cfg) -> bool:
+        return cfg.reward_model.enable
 
-def serve_model(args) -> None:
-    from services.reward.model import RewardModelFront, RewardModelWorker, reward_model_shape
-    from tandem.parallel.layout import ParallelConfig
-    from tandem.serving.rank_group import RankGroup
+    def layout(self, cfg):
+        return cfg.services.reward.world_size, ParallelConfig.of(cfg.reward_model.megatron)
 
-    cfg = args.cfg
-    rm = cfg.reward_model
-    init_service("reward", args, cfg.services.reward.torch_threads, rm.megatron.seed,
-                 parallel=ParallelConfig.of(rm.megatron), world_size=cfg.services.reward.world_size,
-                 shape=reward_model_shape(cfg))
-    worker = RewardModelWorker(cfg)
-    group = RankGroup({"reward_model": worker})
-    scorers = []
+    def check_layout(self, cfg) -> None:
+        from services.reward.model import reward_model_shape
 
-    def servicers(thread):  # rank 0 only: the text scorer's process pool lives there
-        text = text_scorer(cfg) if rm.rule_coef != 0 else None
-        scorers.append(Scorer(text, RewardModelFront(group, worker, rm.micro_batch_size_per_gpu), rm.rule_coef))
-        return [(SERVICE, RewardServicer(scorers[0], thread, worker.vocab_size))]
+        self.validate_layout(cfg, reward_model_shape(cfg))
 
-    try:
-        serve_group("reward", args, group, servicers)
-    finally:
-        for scorer in scorers:
-            scorer.close()
+        world, parallel = self.layout(cfg)
+        shape = reward_model_shape(cfg)
+        parallel.validate(world, shape.num_attention_heads, shape.num_key_value_heads,
+                          shape.moe.num_experts if shape.moe else 0)
+
+    def seed(self, cfg) -> int:
+        return cfg.reward_model.megatron.seed
+
+    def build(self, cfg) -> Built:
+        if not cfg.reward_model.enable:
+            return Built({})
+        from services.reward.model import RewardModelWorker
+
+        return Built({"reward_model": RewardModelWorker(cfg)})
+
+    def servicers(self, cfg, built, group, thread):
+        rm = cfg.reward_model
+        if not rm.enable:
+            scorer = Scorer(text_scorer(cfg))
+            built.closers.append(scorer.close)
+            return {SERVICE: RewardServicer(scorer, thread)}
+        from services.reward.model import RewardModelFront
+
+        worker = built.targets["reward_model"]
+        text = text_scorer(cfg) if rm.rule_coef != 0 else None  # rank 0 only: its process pool lives here
+        scorer = Scorer(text, RewardModelFront(group, worker, rm.micro_batch_size_per_gpu), rm.rule_coef)
+        built.closers.append(scorer.close)
+        return {SERVICE: RewardServicer(scorer, thread, worker.vocab_size)}
 
 
 def main(argv=None) -> None:
-    args = parse_args("reward", argv)
-    (serve_model if args.cfg.reward_model.enable else serve_rules)(args)
+    run_service(RewardRole(), argv)
 
 
 if __name__ == "__main__":

@@ -115,6 +115,26 @@ TIMING_UPDATE_WEIGHTS = _define("timing_s/update_weights", "seconds pushing acto
 TIMING_TESTING = _define("timing_s/testing", "seconds running validation")
 TIMING_SAVE_CHECKPOINT = _define("timing_s/save_checkpoint", "seconds saving a checkpoint")
 TIMING_STEP = _define("timing_s/step", "seconds for the whole training step")
+TIMING_WEIGHT_SYNC = _define(
+    "timing_s/weight_sync", "seconds syncing the actor's new weights to every standalone rollout replica "
+    "(the replicas pull them concurrently; controller/weight_sync.py)")
+
+# ---- the weight plane (standalone rollout) ---------------------------------------
+WEIGHT_SYNC_BYTES = _define("weight_sync/bytes", "bytes the rollout replicas pulled in the step's weight sync, summed")
+WEIGHT_SYNC_GBPS = _define("perf/weight_sync_gbps", "weight_sync/bytes / timing_s/weight_sync, in GB/s (1e9 bytes)")
+ROLLOUT_WEIGHTS_VERSION = _define(
+    "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
+
+# ---- asynchronous training (controller/async_loop.py) -----------------------------
+ASYNC_STALENESS_MEAN = _define(
+    "async/staleness_mean", "mean over the step's trained rows of (actor version at the update - version that generated it)")
+ASYNC_STALENESS_MAX = _define("async/staleness_max", "max over the step's trained rows of the same staleness")
+ASYNC_BATCH = _define("async/batch", "the number of the batch the step trained on (its prompts' place in the data order)")
+ASYNC_QUEUE_DEPTH = _define("async/queue_depth", "scored batches waiting in the queue when the step took its batch")
+ASYNC_PRODUCER_IDLE = _define(
+    "async/producer_idle_s", "seconds since the last step the producer waited (batches ahead, staleness bound, an update)")
+ASYNC_CONSUMER_IDLE = _define("async/consumer_idle_s", "seconds since the last step the consumer waited for a batch")
+ASYNC_DROPPED_BATCHES = _define("async/dropped_batches", "stale batches not trained on since the run began (cumulative)")
 
 # ---- throughput and resources ---------------------------------------------------
 PERF_TOTAL_NUM_TOKENS = _define("perf/total_num_tokens", "prompt + response tokens processed in the step")

@@ -5,20 +5,23 @@ known keys; values are checked in validate() with the dotted key in every messag
 same resolved file and take their own section.
 
 - schema.py: the dataclasses (keys, defaults, what each means);
-- load.py: load_config, to_yaml, unknown-key hints;
+- load.py: load_config, to_yaml;
+- verl_keys.py, verl_compat.py, verl_defaults.yaml: verl's keys Tandem does not have under the same
+  name (mapped or refused, with why), and classifying every key a user sets (unknown-key hints);
 - errors.py: ConfigError and the check helper;
 - checks/: validate() and the value checks, one module per topic;
 - model_file.py: what is read from the model's config.json (heads, experts, MoE checks,
   router_aux_loss_coeff).
 
 The package imports nothing from tandem but tandem.algos (the estimator, loss and aggregation
-registries it validates against).
+registries it validates against), the model registry, and (inside checks/files.py) tandem.tokenizer.
 """
 from tandem.config.checks import validate
 from tandem.config.errors import ConfigError
-from tandem.config.load import load_config, to_yaml
+from tandem.config.load import load_config, load_config_with_notices, to_yaml
 from tandem.config.model_file import LOAD_BALANCING_TYPES, OVERRIDE_KEYS, router_aux_loss_coeff
 from tandem.config.schema import (
+    WEIGHT_TRANSPORTS,
     ActorConfig,
     ActorRolloutRefConfig,
     AlgorithmConfig,
@@ -41,9 +44,12 @@ from tandem.config.schema import (
     TandemConfig,
     TrainerConfig,
     ValKwargsConfig,
+    WeightSyncConfig,
 )
 
 __all__ = [
+    "WEIGHT_TRANSPORTS",
+    "WeightSyncConfig",
     "LOAD_BALANCING_TYPES",
     "OVERRIDE_KEYS",
     "ActorConfig",
@@ -70,6 +76,7 @@ __all__ = [
     "TrainerConfig",
     "ValKwargsConfig",
     "load_config",
+    "load_config_with_notices",
     "router_aux_loss_coeff",
     "to_yaml",
     "validate",

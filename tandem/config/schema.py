@@ -94,6 +94,19 @@ class ValKwargsConfig:  # sampling for validation (verl: actor_rollout_ref.rollo
     top_k: int = -1
 
 
+# actor_rollout_ref.rollout.weight_sync.transport values (tandem/weights/transport.py maps them)
+WEIGHT_TRANSPORTS = ("auto", "stream", "ipc", "nccl", "collective")
+
+
+@dataclass
+class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
+    transport: str = "auto"  # auto | stream | ipc | nccl (= collective; gloo on CPU)
+    chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
+    streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
+    bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+
+
 @dataclass
 class RolloutConfig:
     mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
@@ -105,9 +118,11 @@ class RolloutConfig:
     free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
     # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
     # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
-    # (tandem/rollout/replica.py). A standalone rollout is always TP=1.
+    # (tandem/rollout/replica.py). Standalone: the rollout's own TP (None = 1; its world size a
+    # multiple of it; each rank slices its shard from the TP=1 weights it receives).
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
 
 
 @dataclass
@@ -210,8 +225,15 @@ class AlgorithmConfig:
 
 @dataclass
 class DataConfig:
-    train_files: Optional[str] = None  # parquet/jsonl with verl's columns; None = built-in task
-    val_files: Optional[str] = None
+    train_files: Any = None  # a parquet/jsonl file in verl's schema, or a list of them; None = built-in task
+    val_files: Any = None
+    prompt_key: str = "prompt"  # the column with the chat messages (or a plain string)
+    reward_fn_key: str = "data_source"  # the column that picks the reward rule
+    filter_overlong_prompts: bool = True  # drop prompts over max_prompt_length; false: apply `truncation`
+    truncation: str = "error"  # error | left | right | middle: an overlong prompt when not filtered
+    train_max_samples: int = -1  # use the first N rows only (-1: all)
+    val_max_samples: int = -1
+    apply_chat_template_kwargs: Dict[str, Any] = field(default_factory=dict)  # e.g. {enable_thinking: false}
     train_batch_size: int = 128  # prompts per step
     gen_batch_size: Optional[int] = None  # prompts per generation round with filter_groups (None = train_batch_size)
     max_prompt_length: int = 16
@@ -220,28 +242,45 @@ class DataConfig:
     seed: int = 1
     builtin_train_size: int = 20000
     builtin_val_size: int = 256
+    builtin_fixed_width: bool = True  # built-in task: `012+345=` -> `0357` (false: `12+345=` -> `357`)
 
 
 @dataclass
 class SftConfig:
-    total_steps: int = 1200  # 0 = no SFT warm start
+    total_steps: int = 4000  # 0 = no SFT warm start; with stop_at_accuracy: the most steps
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
     data_seed: int = 7
+    # Stop the warm start at the first greedy accuracy >= this on a dev split held out of the
+    # training data (dev_size prompts, never trained on; not the reported validation set),
+    # measured every eval_freq steps. None: run total_steps, no dev split. "auto": 0.4 on the
+    # built-in task, None on your data (data.train_files), resolved when the run directory is made.
+    stop_at_accuracy: Any = "auto"  # a float in (0, 1], None or "auto" (checks/trainer.py)
+    eval_freq: int = 10
+    dev_size: int = 256
 
 
 @dataclass
 class TrainerConfig:
     project_name: str = "tandem"
     experiment_name: str = "arithmetic_grpo"
-    total_training_steps: int = 120
+    total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
+    total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
+    critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
+    log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
-    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
-    save_freq: int = 0  # checkpoint every N RL steps (0 = only at the end)
+    # checkpoint every N RL steps (0 = only at the end); with max_restarts > 0 also after the warm
+    # start (global_step_0). A crash loses at most N steps of work; each save costs one checkpoint write.
+    save_freq: int = 10
+    max_restarts: int = 3  # services restarted after a crash (then the run stops); 0 = no recovery
     resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)
+    # a run of the controller service (`tandem submit`) that was running when its controller died:
+    # resume (from its latest checkpoint, or from the start without one) or fail
+    on_controller_restart: str = "resume"
     seed: int = 1
     sft: SftConfig = field(default_factory=SftConfig)
     launcher: str = "local"  # who starts the services: local (child processes) | compose | ray (controller/launchers/)
@@ -279,10 +318,14 @@ class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
     torch_threads: int = 1
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
+    replicas: int = 1  # rollout only: independent services the controller splits generation over
+    devices: Optional[str] = None  # GPUs (CUDA_VISIBLE_DEVICES) of its ranks, e.g. "1" or "2,3"; replicas take consecutive groups
+    gpu_memory_fraction: Optional[float] = None  # cap on each rank's share of its GPU (services sharing a GPU)
     host: str = "127.0.0.1"  # address a started service binds (0.0.0.0: every interface)
     tls: TLSConfig = field(default_factory=TLSConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     ray: RayPlacement = field(default_factory=RayPlacement)
+    metrics_port: Optional[int] = None  # Prometheus /metrics of the service (rank 0, 127.0.0.1); 0 = any free port
 
 
 @dataclass
@@ -295,6 +338,18 @@ class ServicesConfig:
     rpc_timeout_s: float = 600.0
 
 
+ASYNC_MODES = ("sync", "one_step_off", "fully_async")  # async_training.mode (controller/async_loop.py)
+ON_STALE = ("wait", "drop", "regenerate")  # async_training.on_stale
+
+
+@dataclass
+class AsyncTrainingConfig:  # generation overlapping training (verl: the fully-async recipe's async_training)
+    mode: str = "sync"  # sync | one_step_off (staleness 1, one batch ahead) | fully_async (the keys below)
+    staleness_threshold: int = 1  # max weight versions between a batch's generation and its update (verl: a fraction)
+    max_inflight_batches: int = 2  # fully_async: batches generated ahead of the one being trained
+    on_stale: str = "wait"  # wait: no batch is started that would be stale; drop | regenerate a stale one
+
+
 @dataclass
 class TandemConfig:
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
@@ -305,3 +360,4 @@ class TandemConfig:
     data: DataConfig = field(default_factory=DataConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     services: ServicesConfig = field(default_factory=ServicesConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)

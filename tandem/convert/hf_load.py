@@ -11,6 +11,7 @@ Skipped on purpose: rotary `inv_freq` buffers (recomputed) and, for tied embeddi
 MoE (Qwen3-MoE): each expert-parallel rank loads only its experts (its table lists only those),
 split over the expert-tensor-parallel group; the other ranks' expert keys are skipped, not
 unexpected.
+A tensor with NaN or inf is refused, naming the file and the key.
 Vocab: the HF vocab must be divisible by tp (megatron's vocab-parallel layers assume it);
 otherwise loading is refused with the numbers -- no silent row padding.
 Not handled: pipeline parallelism (pp > 1), scalar-head (critic) models.
@@ -97,6 +98,8 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
                 seen_hf.add(key)
                 parts = pending.setdefault(m.megatron, {})
                 parts[key] = f.get_tensor(key)
+                if parts[key].is_floating_point() and not bool(torch.isfinite(parts[key]).all()):
+                    raise ValueError(f"{path}: tensor {key!r} contains NaN or inf")
                 if len(parts) < len(m.hf_names):
                     continue
                 del pending[m.megatron]

@@ -11,6 +11,10 @@ routers) are returned as they are. Routed experts (MoE) are gathered over the ex
 then every expert-parallel rank's experts over the EP group, and named by their global index.
 `bucket_bytes=0` keeps the former path (one all-gather per parameter; bench/weight_sync.py
 compares the two). Every TP rank gets the full weights; at EP > 1 every rank of the EP group.
+The way back (`shard_pairs`: a TP=1 tensor -> one TP rank's shard, as views) is what a
+standalone rollout at TP > 1 uses on received weights. (megatron-core's own resharding,
+megatron.core.resharding, plans sends and receives between two models of ONE torch.distributed
+world; actor and rollout services are two worlds, so it does not fit between them.)
 """
 from __future__ import annotations
 
@@ -91,6 +95,32 @@ def tp1_tensor(m: Mapping, shards: list[torch.Tensor]) -> torch.Tensor:
 
 def _replicated(m: Mapping) -> bool:
     return isinstance(m, Direct) and m.split_dim is None
+
+
+def tp1_shape(m: Mapping, local_shape, tp: int) -> tuple[int, ...]:
+    """The TP=1 shape of `m` from one TP rank's shard shape."""
+    shape = list(local_shape)
+    if tp > 1 and not _replicated(m):
+        shape[m.split_dim if isinstance(m, Direct) else 0] *= tp
+    return tuple(shape)
+
+
+def shard_pairs(m: Mapping, full: torch.Tensor, param: torch.Tensor, tp_rank: int,
+                tp: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The inverse of tp1_tensor as (destination, source) view pairs: copying each source into
+    its destination fills `param`, TP rank `tp_rank`'s shard of m, from its TP=1 tensor `full`
+    (no allocation; a standalone rollout at TP > 1 slices its shards from received weights)."""
+    if tp == 1 or _replicated(m):
+        return [(param, full)]
+    if isinstance(m, GatedMLP):  # TP=1 [gate; up] -> rank r [gate_r; up_r]
+        half = param.shape[0] // 2
+        gate, up = full.chunk(2, dim=0)
+        return [(param[:half], gate.chunk(tp, dim=0)[tp_rank]), (param[half:], up.chunk(tp, dim=0)[tp_rank])]
+    if isinstance(m, QKV):  # whole query groups per rank, in order
+        return [(param, full.chunk(tp, dim=0)[tp_rank])]
+    if isinstance(m, Direct):
+        return [(param, full.chunk(tp, dim=m.split_dim)[tp_rank])]
+    raise ValueError(f"{m.megatron}: no TP shard of {type(m).__name__}")
 
 
 def tp1_weights(model, shape, tp_group=None, bucket_bytes: int = BUCKET_BYTES) -> dict[str, torch.Tensor]:

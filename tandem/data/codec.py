@@ -53,6 +53,20 @@ _ITEMSIZE = {v: torch.empty((), dtype=k).element_size() for k, v in _TO_PB.items
 
 # ---- tensors ---------------------------------------------------------------
 
+def dtype_to_pb(dtype: torch.dtype) -> int:
+    """torch dtype -> tandem.v1 DType (TypeError for one the wire has no name for)."""
+    if dtype not in _TO_PB:
+        raise TypeError(f"dtype {dtype} has no tandem.v1 DType")
+    return _TO_PB[dtype]
+
+
+def dtype_from_pb(value: int, label: str) -> torch.dtype:
+    """tandem.v1 DType -> torch dtype (InvalidArgument naming `label` for an unknown value)."""
+    if value not in _FROM_PB:
+        raise InvalidArgument(f"{label}: {'DTYPE_UNSPECIFIED' if value == 0 else f'unknown dtype {value}'}")
+    return _FROM_PB[value]
+
+
 def encode_tensor(name: str, t: torch.Tensor) -> data_pb2.Tensor:
     """One tensor -> data_pb2.Tensor (one copy: tensor -> bytes)."""
     return _fill_tensor(data_pb2.Tensor(), name, t)
@@ -183,5 +197,8 @@ def decode_batch(pb: data_pb2.Batch) -> DataProto:
                     raise InvalidArgument(f"column '{name}': row {i} is not valid JSON: {e}") from None
         rows_agree(f"column '{name}'", len(values))
         columns[name] = values
-    meta = json_format.MessageToDict(pb.meta) if pb.HasField("meta") else {}
+    try:
+        meta = json_format.MessageToDict(pb.meta) if pb.HasField("meta") else {}
+    except ValueError as e:  # e.g. a NaN number, which JSON cannot hold
+        raise InvalidArgument(f"meta: {e}") from None
     return DataProto(tensors=tensors, columns=columns, meta=meta)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tandem.generation import interrupt
 from tandem.generation.runner import ModelRunner, Request
 from tandem.generation.sampling import SamplingParams
 from tandem.generation.scheduler import Scheduler
@@ -59,7 +60,9 @@ class GenerationEngine:
     use_graphs: capture decode in CUDA graphs (default: on when CUDA is present; TP > 1
     always runs eagerly). sync_every: decode steps between host looks at the finished
     flags (default 8 on GPU, 1 on CPU). kv_bucket: attention spans the cache rounded up
-    to a multiple of this many positions (bounds the number of graphs). decode_attention:
+    to a multiple of this many positions (bounds the number of graphs; default 128 with
+    graphs, else 16: eager CPU decode then attends over the positions it needs, and a multiple
+    of the 16-float vector width leaves SDPA's sums, hence every output bit, as at 128). decode_attention:
     "triton" (decode_attention.py's split-K kernel; the default with CUDA, SDPA where it
     cannot run), "sdpa" (torch's fused kernels) or "matmul" (two batched GEMMs, fp32 softmax).
     fused_decode: decode on the layers' weights through fused_step.py (default: on with
@@ -70,7 +73,7 @@ class GenerationEngine:
 
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int,
                  max_batch_size: int = 512, use_graphs: bool | None = None,
-                 sync_every: int | None = None, kv_bucket: int = 128,
+                 sync_every: int | None = None, kv_bucket: int | None = None,
                  decode_attention: str | None = None, fused_decode: bool | None = None,
                  compile_decode: bool | str | None = None):
         self.model = model
@@ -79,7 +82,7 @@ class GenerationEngine:
         gpu = device.has_cuda()
         self.use_graphs = gpu if use_graphs is None else use_graphs
         self.sync_every = sync_every or (8 if gpu else 1)
-        self.kv_bucket = kv_bucket
+        self.kv_bucket = kv_bucket or (128 if self.use_graphs else 16)
         self.decode_attention = decode_attention or ("triton" if gpu else "sdpa")
         self.fused_decode = gpu if fused_decode is None else fused_decode
         self.compile_decode = gpu if compile_decode is None else compile_decode
@@ -113,10 +116,13 @@ class GenerationEngine:
         sched = Scheduler([len(p) for p in prompts], n, r, num_slots=slots,
                           max_len=runner.cache.max_len, sync_every=self.sync_every,
                           batch_buckets=_pow2_buckets(slots), kv_bucket=self.kv_bucket)
+        interruptible = getattr(getattr(self.model, "config", None), "tensor_model_parallel_size", 1) == 1
         was_training = self.model.training
         self.model.eval()
         try:
             while (plan := sched.schedule()) is not None:
+                if interruptible:
+                    interrupt.check()  # the run is being cancelled: cut the generation here
                 sched.update(plan, runner.execute(plan))
         finally:
             self.model.train(was_training)

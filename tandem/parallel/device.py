@@ -98,6 +98,12 @@ def host_bytes(nbytes: int) -> torch.Tensor:
     return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
 
 
+def empty_host_cache() -> None:
+    """Give freed pinned host memory back to the OS (torch caches it like device memory)."""
+    if has_cuda() and hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+
+
 def memory_peaks() -> tuple[int, int]:
     """(max allocated, max reserved) device bytes since the last `reset_memory_peaks` (0, 0 on CPU)."""
     if not has_cuda():
@@ -122,3 +128,53 @@ def manual_seed(seed: int) -> None:
     torch.manual_seed(seed)
     # On CPU the tracker installed by cpu_compat.install() forks the CPU RNG state.
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def set_memory_fraction(fraction: float | None) -> None:
+    """Cap this process's share of its GPU (two services sharing one GPU each take a fraction;
+    the caching allocator raises out-of-memory beyond it). None or CPU: no cap."""
+    if fraction is not None and has_cuda():
+        torch.cuda.set_per_process_memory_fraction(fraction)
+
+
+def device_uuid() -> str:
+    """This process's GPU, as a UUID that is the same in every process ("" on CPU)."""
+    if not has_cuda():
+        return ""
+    return str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+
+
+def index_of_uuid(uuid: str) -> int | None:
+    """The index, in this process's numbering, of the GPU with `uuid` (None: not visible here)."""
+    if not has_cuda() or not uuid:
+        return None
+    for i in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(i).uuid) == uuid:
+            return i
+    return None
+
+
+def nccl_available() -> bool:
+    import torch.distributed as dist
+
+    return has_cuda() and dist.is_nccl_available()
+
+
+def ipc_collect() -> None:
+    """Free device memory that CUDA IPC readers have released (the source's old versions)."""
+    if has_cuda():
+        torch.cuda.ipc_collect()
+
+
+def pinned_empty(nbytes: int) -> torch.Tensor:
+    """A host byte buffer for device copies: pinned with CUDA (asynchronous copies), plain on CPU."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
+
+
+def record_event():
+    """An event recorded on the current CUDA stream (wait on it with .synchronize()); None on CPU."""
+    if not has_cuda():
+        return None
+    ev = torch.cuda.Event()
+    ev.record()
+    return ev

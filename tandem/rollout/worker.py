@@ -2,7 +2,8 @@
 
 Colocated (hybrid engine): the worker wraps the actor's own policy module, so the
 rollout always sees the latest weights with no copy. Standalone: it builds its own
-model and receives weights through `load_weights` after each actor update.
+model, which the weight plane (tandem/weights/) refreshes in place after each actor update;
+`weights_version` is then the version last synced (-1: its own initial weights).
 """
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from tandem.parallel import device
 
 class RolloutWorker:
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int,
-                 free_cache_engine: bool = False):
+                 free_cache_engine: bool = False, weights_version: int = 0):
         self.model = model
         self.free_cache_engine = free_cache_engine  # colocated: give the KV cache back to training
         self.engine = GenerationEngine(model, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size,
                                        max_batch_size=max_batch_size)
         self.vocab_size = vocab_size
-        self.weights_version = 0
+        self.weights_version = weights_version
 
     def generate_sequences(self, batch: DataProto, params: SamplingParams) -> DataProto:
         """Prompts (left-padded input_ids / attention_mask [B, Lp]) -> B * n rows of
@@ -59,7 +60,8 @@ class RolloutWorker:
         device.empty_cache()
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
-        """Replace all weights at once (strict: every name and shape must match)."""
+        """Replace all weights at once, in place (strict: every name and shape must match); the
+        colocated TP=1 copy's in-process sync (tandem/rollout/replica.py)."""
         current = checkpoint.model_weights(self.model)
         missing = sorted(set(current) - set(weights))
         unexpected = sorted(set(weights) - set(current))
@@ -69,6 +71,8 @@ class RolloutWorker:
             if tuple(t.shape) != tuple(current[name].shape):
                 raise ValueError(f"weights: tensor {name!r} has shape {list(t.shape)}, "
                                  f"expected {list(current[name].shape)}")
+            if t.dtype != current[name].dtype:
+                raise ValueError(f"weights: tensor {name!r} is {t.dtype}, the model's is {current[name].dtype}")
         self.model.load_state_dict(weights, strict=False)
         self.weights_version = version
         return version

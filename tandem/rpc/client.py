@@ -5,7 +5,10 @@ the client's metadata (x-run-id, x-step, ...) plus a fresh x-request-id
 (and the endpoint's bearer token, over TLS when configured: tandem/rpc/security.py),
 and turns a failed call into the matching `TandemError` subclass with the
 message "<Service>.<Method>: <details>". No retries here: the controller
-decides what is safe to repeat (an update is not).
+decides what is safe to repeat (an update is not). It can re-point a client at a
+restarted service (`repoint`) and, for a service without state, give it a
+`resend_after_failure` hook: a failed call is sent again when the hook says the
+service is back.
 """
 
 from __future__ import annotations
@@ -13,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
+from typing import Any, Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.rpc.errors import Unavailable, error_from_rpc
+from tandem.rpc.errors import TandemError, Unavailable, error_from_rpc
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 
@@ -49,8 +52,18 @@ class ServiceClient:
         self.service = stub_cls.__name__.removesuffix("Stub")
         self._metadata: dict[str, str] = {}
         self.set_metadata(**(metadata or {}))
+        self._stub_cls, self._max_message_mb, self._security = stub_cls, max_message_mb, security
         self._channel = make_channel(endpoint, max_message_mb, security)
         self.stub = stub_cls(self._channel)
+        # (error, endpoint it came from) -> True when the service is back and the call may be sent again
+        self.resend_after_failure: Callable[[TandemError, str], Awaitable[bool]] | None = None
+
+    async def repoint(self, endpoint: str) -> None:
+        """Talk to `endpoint` from now on (the service was restarted there)."""
+        old, self.endpoint = self._channel, endpoint
+        self._channel = make_channel(endpoint, self._max_message_mb, self._security)
+        self.stub = self._stub_cls(self._channel)
+        await old.close()
 
     @property
     def channel(self) -> grpc.aio.Channel:
@@ -69,11 +82,15 @@ class ServiceClient:
         fn = getattr(self.stub, method, None)
         if fn is None:
             raise AttributeError(f"{self.service} has no method '{method}'")
-        md = (*self._metadata.items(), ("x-request-id", uuid.uuid4().hex[:16]))
-        try:
-            return await fn(request, timeout=timeout_s or self.timeout_s, metadata=md)
-        except grpc.aio.AioRpcError as e:
-            raise error_from_rpc(e, f"{self.service}.{method}") from None
+        while True:
+            md = (*self._metadata.items(), ("x-request-id", uuid.uuid4().hex[:16]))
+            endpoint = self.endpoint
+            try:
+                return await getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=md)
+            except grpc.aio.AioRpcError as e:
+                err = error_from_rpc(e, f"{self.service}.{method}")
+            if self.resend_after_failure is None or not await self.resend_after_failure(err, endpoint):
+                raise err
 
     async def wait_healthy(self, timeout_s: float = 60, poll_s: float = 0.2, service: str = "") -> None:
         """Poll grpc.health.v1 Check until SERVING; Unavailable naming the endpoint on timeout."""

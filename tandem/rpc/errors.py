@@ -52,6 +52,13 @@ class DeadlineExceeded(TandemError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class Aborted(TandemError):
+    """The work was stopped on purpose: its run is being cancelled, or a conflict with concurrent
+    work (e.g. weights changed while being read; retry)."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class Internal(TandemError):
     """A bug or unexpected failure inside the service."""
 
@@ -61,7 +68,7 @@ class Internal(TandemError):
 _BY_CODE: dict[grpc.StatusCode, type[TandemError]] = {
     cls.code: cls
     for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, NotFound,
-                Unavailable, DeadlineExceeded, Internal)
+                Unavailable, DeadlineExceeded, Aborted, Internal)
 }
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from tandem.rpc.auth import TokenAuthInterceptor, bearer_token, read_token
+from tandem.rpc.auth import AUTH_KEY, TokenAuthInterceptor, bearer_token, read_token
 from tandem.rpc.tls import TLSFiles
 
 
@@ -55,6 +55,41 @@ class EndpointSecurity:
             return grpc.aio.insecure_channel(endpoint, options=options, interceptors=interceptors)
         return grpc.aio.secure_channel(endpoint, self.tls.channel_credentials(),
                                        options=[*options, *self.tls.channel_options()], interceptors=interceptors)
+
+
+    def sync_channel(self, endpoint: str, options: list[tuple]) -> grpc.Channel:
+        """A synchronous channel (threads reading streams in parallel: the weight plane), with
+        the same TLS and token as `channel`."""
+        if self.tls is None:
+            ch = grpc.insecure_channel(endpoint, options=options)
+        else:
+            ch = grpc.secure_channel(endpoint, self.tls.channel_credentials(),
+                                     options=[*options, *self.tls.channel_options()])
+        return grpc.intercept_channel(ch, _SyncBearer(self.token)) if self.token else ch
+
+
+class _SyncBearer(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
+    """The bearer token on every call of a synchronous channel."""
+
+    def __init__(self, token: str):
+        self._metadata = (AUTH_KEY, f"Bearer {token}")
+
+    def _details(self, details):
+        metadata = [*(details.metadata or ()), self._metadata]
+        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+
+    def intercept_unary_unary(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation, details, request):
+        return continuation(self._details(details), request)
+
+
+class _Details(grpc.ClientCallDetails):
+    def __init__(self, d, metadata):
+        self.method, self.timeout, self.metadata = d.method, d.timeout, metadata
+        self.credentials, self.wait_for_ready = d.credentials, getattr(d, "wait_for_ready", None)
+        self.compression = getattr(d, "compression", None)
 
 
 PLAINTEXT = EndpointSecurity()

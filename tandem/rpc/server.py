@@ -9,13 +9,17 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 - TandemError -> its status code and message; any other exception ->
   INTERNAL "ExcType: message" with the traceback logged. The process keeps
   serving either way;
-- a method the servicer lacks answers UNIMPLEMENTED.
+- a method the servicer lacks answers UNIMPLEMENTED;
+- server-streaming methods are async generators with the same mapping (an error after some
+  messages ends the stream with its status); a handler may yield bytes it serialized itself
+  (a large message built without protobuf's copies, tandem/weights/wire.py).
 
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
 SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
-atomically once SERVING (removed at stop), per-RPC logs and optional
-Prometheus metrics via `tandem.rpc.interceptors` (on 127.0.0.1 only). TLS and bearer tokens
+atomically once SERVING (removed at stop), per-RPC logs, optional
+Prometheus metrics via `tandem.rpc.interceptors` (`metrics_port`, on 127.0.0.1 only), and gRPC
+server reflection (grpcurl can list and describe every service). TLS and bearer tokens
 come from `security` (tandem/rpc/security.py, auth.py, tls.py). Servicer methods are
 `async def M(self, request, context)`; model work belongs on a
 `WorkerThread`, never on the loop.
@@ -32,13 +36,21 @@ from typing import Any, Awaitable, Callable
 import grpc
 from google.protobuf import descriptor_pool, message_factory
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from tandem.logging import get_logger
 from tandem.metrics import RpcMetrics, start_metrics_server
 from tandem.rpc.errors import TandemError
 from tandem.rpc.interceptors import ContextInterceptor
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
-from tandem.v1 import actor_pb2, critic_pb2, reward_pb2, rollout_pb2  # noqa: F401  (fill the descriptor pool)
+from tandem.v1 import (  # noqa: F401  (fill the descriptor pool)
+    actor_pb2,
+    controller_pb2,
+    critic_pb2,
+    lifecycle_pb2,
+    reward_pb2,
+    rollout_pb2,
+)
 
 _log = get_logger("tandem.rpc.server")
 
@@ -59,26 +71,54 @@ def _lenient(cls) -> Callable[[bytes], Any]:
     return deserialize
 
 
+async def _refuse_unservable(request, context, fn, name: str, input_full_name: str) -> None:
+    if isinstance(request, _Unparsed):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"request could not be parsed as {input_full_name}: {request.error}")
+    if fn is None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
+
+
+@contextlib.asynccontextmanager
+async def _errors_as_status(context, name: str):
+    """TandemError -> its status; any other exception -> INTERNAL (logged); the service lives on."""
+    try:
+        yield
+    except TandemError as e:
+        await context.abort(e.code, str(e))
+    except (grpc.aio.AbortError, asyncio.CancelledError):
+        raise  # the servicer aborted itself, or the call was cancelled
+    except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+        _log.exception("rpc.internal_error", rpc=name)
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+
+
 def _wrap(fn, service: str, method, input_full_name: str):
     name = f"{service}.{method}"
 
     async def handler(request, context):
-        if isinstance(request, _Unparsed):
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"request could not be parsed as {input_full_name}: {request.error}")
-        if fn is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, f"{name} is not implemented by this server")
-        try:
+        await _refuse_unservable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
             return await fn(request, context)
-        except TandemError as e:
-            await context.abort(e.code, str(e))
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise  # the servicer aborted itself, or the call was cancelled
-        except Exception as e:  # noqa: BLE001 - a bug must not kill the service
-            _log.exception("rpc.internal_error", rpc=name)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
 
     return handler
+
+
+def _wrap_stream(fn, service: str, method, input_full_name: str):
+    """`_wrap` for a server-streaming method (an async generator)."""
+    name = f"{service}.{method}"
+
+    async def handler(request, context):
+        await _refuse_unservable(request, context, fn, name, input_full_name)
+        async with _errors_as_status(context, name):
+            async for message in fn(request, context):
+                yield message
+
+    return handler
+
+
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHandler:
@@ -88,16 +128,16 @@ def _generic_handler(service_full_name: str, servicer: Any) -> grpc.GenericRpcHa
         raise ValueError(f"unknown gRPC service '{service_full_name}' (import its *_pb2 module first)") from None
     handlers = {}
     for m in desc.methods:
-        if m.client_streaming or m.server_streaming:
-            raise ValueError(f"{service_full_name}.{m.name}: streaming RPCs are not supported yet")
+        if m.client_streaming:
+            raise ValueError(f"{service_full_name}.{m.name}: client-streaming RPCs are not supported")
         req_cls = message_factory.GetMessageClass(m.input_type)
         fn = getattr(servicer, m.name, None)
         if fn is None:
             _log.warning("rpc.unimplemented", service=service_full_name, method=m.name)
-        handlers[m.name] = grpc.unary_unary_rpc_method_handler(
-            _wrap(fn, desc.name, m.name, m.input_type.full_name),
-            request_deserializer=_lenient(req_cls),
-            response_serializer=lambda msg: msg.SerializeToString())
+        wrap, kind = ((_wrap_stream, grpc.unary_stream_rpc_method_handler) if m.server_streaming
+                      else (_wrap, grpc.unary_unary_rpc_method_handler))
+        handlers[m.name] = kind(wrap(fn, desc.name, m.name, m.input_type.full_name),
+                                request_deserializer=_lenient(req_cls), response_serializer=_serialize)
     return grpc.method_handlers_generic_handler(service_full_name, handlers)
 
 
@@ -111,9 +151,15 @@ def _write_port_file(path: str, port: int) -> None:
 async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127.0.0.1", port: int = 0,
                 port_file: str | None = None, max_message_mb: int = 512, grace_s: float = 5.0,
                 on_ready: Callable[[], Awaitable[Any]] | None = None,
-                metrics_port: int | None = None, security: EndpointSecurity = PLAINTEXT) -> None:
+                metrics_port: int | None = None, security: EndpointSecurity = PLAINTEXT,
+                health_servicer: health.aio.HealthServicer | None = None,
+                held: Callable[[str], bool] = lambda name: False) -> None:
     """Serve `servicers` ([(full service name, servicer)]) until SIGTERM/SIGINT or cancellation;
-    TLS and a bearer token on the port per `security` (tandem/rpc/security.py)."""
+    TLS and a bearer token on the port per `security` (tandem/rpc/security.py).
+
+    health_servicer: pass one to change health statuses later (a long-lived service: its role's
+    service is SERVING only while it holds a run); names for which `held(name)` is true stay
+    NOT_SERVING when the server is ready."""
     max_bytes = max_message_mb * 1024 * 1024
     metrics = RpcMetrics(role)
     server = grpc.aio.server(
@@ -121,12 +167,14 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         options=[("grpc.max_send_message_length", max_bytes),
                  ("grpc.max_receive_message_length", max_bytes),
                  ("grpc.so_reuseport", 0)])
-    health_servicer = health.aio.HealthServicer()
+    health_servicer = health_servicer or health.aio.HealthServicer()
     names = [""] + [name for name, _ in servicers]
     for name in names:  # the aio servicer starts "" as SERVING; we are not yet
         await health_servicer.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     server.add_generic_rpc_handlers([_generic_handler(name, obj) for name, obj in servicers])
+    # reflection (grpcurl list/describe): the services, health, reflection itself, from the proto pool
+    reflection.enable_server_reflection([*names[1:], health.SERVICE_NAME, reflection.SERVICE_NAME], server)
     bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"{role}: could not bind {host}:{port}")
@@ -147,7 +195,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         if on_ready is not None:
             await on_ready()
         for name in names:
-            await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+            if not held(name):
+                await health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
         if port_file:
             _write_port_file(port_file, bound)
         _log.info("server.serving", host=host, port=bound, services=names[1:], **security.describe,

@@ -48,11 +48,23 @@ class FrontDoor:
               seed: int = 0) -> dict[str, float]:
         """`method(shards, *args)` for an update: one optimizer step per mini-batch, each
         shard's meta carrying its mini-batch's loss units; -> mini-batch mean metrics."""
+        return self.train_with_rows(method, batch, *args, rows_per_mini=rows_per_mini, micro_rows=micro_rows,
+                                    units=units, epochs=epochs, shuffle=shuffle, seed=seed)[0]
+
+    def train_with_rows(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int,
+                        units: Callable[[DataProto], int], epochs: int = 1, shuffle: bool = False,
+                        seed: int = 0) -> tuple[dict[str, float], DataProto | None]:
+        """`train`, and the update's per-row outputs (its results' "rows", e.g. on-policy old
+        log-probs) back in the batch's row order (None when it has none; one epoch only)."""
         lay = train_layout(batch, rows_per_mini, self.dp, epochs=epochs, shuffle=shuffle, seed=seed, units=units)
         if self.lockstep:
             check_lockstep(lay, micro_rows)
         results = self.group.run(self.target, method, [(s, *args) for s in lay.shards])
-        return combine_train_metrics(results, len(lay.minis))
+        metrics = combine_train_metrics(results, len(lay.minis))
+        per_row = [r.get("rows") for r in results]
+        if epochs != 1 or any(rows is None or any(x is None for x in rows) for rows in per_row):
+            return metrics, None
+        return metrics, gather_rows(lay, per_row, len(batch))
 
     def everywhere(self, method: str, *args):
         """`method(*args)` on every rank; -> DP rank 0's result."""

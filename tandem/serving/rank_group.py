@@ -6,18 +6,36 @@ the output ranks (TP rank 0 of the last pipeline stage), one per DP rank (every 
 for `run_ranks`). All of this goes over a gloo group: commands
 and batches are pickled CPU objects, small next to the model work they start. Ranks > 0
 sit in `follow()` until rank 0 sends stop. One rank is a group of one with the same code.
+
+A control-plane collective that fails means a rank is gone (killed, crashed): the group
+cannot finish another call, so the process exits at once (RANK_LOST_EXIT) instead of
+answering; its launcher restarts the whole service (controller/recovery.py).
 """
 from __future__ import annotations
 
+import os
+import sys
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
 
+from tandem.generation.interrupt import GenerationAborted
 from tandem.logging import get_logger
 
 log = get_logger("tandem.rank_group")
+_RAISED_AS_IS = {"ValueError": ValueError, "GenerationAborted": GenerationAborted}
+RANK_LOST_EXIT = 3  # a service's exit code when one of its ranks died
+
+
+def exit_rank_lost(**why) -> None:
+    """This service lost a rank: log why and exit now (no cleanup can finish without it)."""
+    log.error("service.rank_lost", exit_code=RANK_LOST_EXIT, **why)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RANK_LOST_EXIT)
 
 
 @dataclass(frozen=True)
@@ -66,17 +84,22 @@ class RankGroup:
         return [result for result, _ in self._call(target, method, per_rank_args, True)]
 
     def _call(self, target: str, method: str, per_rank_args: list, every: bool) -> list:
-        dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)
+        if self.world == 1:  # a group of one: nothing to send (pickling a batch through gloo costs ms)
+            return [self._execute(target, method, per_rank_args[0], every)]
         mine: list = [None]
-        dist.scatter_object_list(mine, per_rank_args, src=0, group=self.group)
+        with self._peers_alive(target, method):
+            dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)
+            dist.scatter_object_list(mine, per_rank_args, src=0, group=self.group)
         outcome = self._execute(target, method, mine[0], every)
         gathered: list = [None] * self.world
-        dist.gather_object(outcome, gathered, dst=0, group=self.group)
+        with self._peers_alive(target, method):
+            dist.gather_object(outcome, gathered, dst=0, group=self.group)
         for rank, (_, error) in enumerate(gathered):
             if error is not None:
                 kind, message = error
-                raise (ValueError if kind == "ValueError" else RuntimeError)(
-                    message if kind == "ValueError" else f"rank {rank}: {kind}: {message}")
+                if kind in _RAISED_AS_IS:  # errors the servicers map to a status of their own
+                    raise _RAISED_AS_IS[kind](message)
+                raise RuntimeError(f"rank {rank}: {kind}: {message}")
         return gathered
 
     def run_all(self, target: str, method: str, *args) -> list:
@@ -87,14 +110,24 @@ class RankGroup:
         """Ranks > 0: run what rank 0 sends until it sends stop."""
         while True:
             cmd: list = [None]
-            dist.broadcast_object_list(cmd, src=0, group=self.group)
-            if cmd[0] is None:
-                return
             mine: list = [None]
-            dist.scatter_object_list(mine, None, src=0, group=self.group)
+            with self._peers_alive("-", "-"):
+                dist.broadcast_object_list(cmd, src=0, group=self.group)
+                if cmd[0] is None:
+                    return
+                dist.scatter_object_list(mine, None, src=0, group=self.group)
             target, method, every = cmd[0]
             outcome = self._execute(target, method, mine[0], every)
-            dist.gather_object(outcome, None, dst=0, group=self.group)
+            with self._peers_alive(target, method):
+                dist.gather_object(outcome, None, dst=0, group=self.group)
+
+    @contextmanager
+    def _peers_alive(self, target: str, method: str):
+        """A failed control-plane collective (gloo: a peer's connection is gone): exit."""
+        try:
+            yield
+        except RuntimeError as e:
+            exit_rank_lost(method=f"{target}.{method}", error=str(e))
 
     def stop(self) -> None:
         if self.world > 1:

@@ -3,8 +3,9 @@
 Prompts are split over the DP ranks in contiguous shards (TP ranks of one DP group
 generate together), or over every rank for TP=1 replicas (tandem/rollout/replica.py); the
 shards' outputs concatenate back in order. Every shard samples
-with the request's seed and its rows' global numbers, so the tokens do not depend on the
-DP size. Used by the standalone
+with the request's seed and its rows' global numbers (the request's row_offset, set when the
+controller splits a batch over rollout replicas, plus the shard's offset), so the tokens do
+not depend on the DP size or the replica count. Used by the standalone
 rollout service and by the actor's colocated rollout.
 """
 from __future__ import annotations
@@ -17,7 +18,6 @@ from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.outputs import concat_generations
 from tandem.serving.dispatch import layout
-from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 
 
@@ -27,7 +27,6 @@ class RolloutFront:
         self.vocab_size = vocab_size
         self.pad_id = pad_id
         self.target = target
-        self.weights_version = 0
 
     def generate_sequences(self, batch: DataProto, params: SamplingParams) -> DataProto:
         every_rank = getattr(self.group.targets.get(self.target), "every_rank", False)
@@ -40,12 +39,8 @@ class RolloutFront:
             if shard is None:  # a replica with no prompts still joins the weight gather
                 args.append((None, params) if every_rank else None)
                 continue
-            args.append((shard, replace(params, row_offset=first * params.n)))
+            args.append((shard, replace(params, row_offset=params.row_offset + first * params.n)))
             first += len(shard)
         run = self.group.run_ranks if every_rank else self.group.run
         parts = [p for p in run(self.target, "generate_sequences", args) if p is not None]
         return concat_generations(parts, self.pad_id)  # each rank padded its prompts to its own longest
-
-    def load_weights(self, weights, version: int) -> int:
-        self.weights_version = FrontDoor(self.group, self.target).everywhere("load_weights", weights, version)
-        return self.weights_version

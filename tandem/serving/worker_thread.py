@@ -33,6 +33,11 @@ class WorkerThread:
         ctx = contextvars.copy_context()
         return await loop.run_in_executor(self._executor, functools.partial(ctx.run, fn, *args, **kwargs))
 
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run fn on the worker thread from outside an event loop and wait for its result
+        (a service's start-up work, so that all model work runs on this one thread)."""
+        return self._executor.submit(fn, *args, **kwargs).result()
+
     def shutdown(self, wait: bool = True) -> None:
         """Stop accepting work; drop queued calls; optionally wait for the running one."""
         self._executor.shutdown(wait=wait, cancel_futures=True)

@@ -1,5 +1,12 @@
 """The built-in task: character-level addition, `a+b=` -> the sum, a and b in 0..999.
 
+Fixed width (the default, `data.builtin_fixed_width`): operands written with 3 digits and the sum
+with 4, zero-padded (`012+345=` -> `0357`), so every digit sits at the same position in every
+problem. Unpadded (`12+345=` -> `357`), a model this small first has to find which digits line
+up; it learns that after a plateau whose length varies with the seed and the CPU's last bits,
+and often only in part (the carry into the tens digit), which RL then cannot repair
+(bench/RESULTS.md, "built-in task").
+
 It ships its own tokenizer (a Hugging Face fast tokenizer with one token per character,
 saved to disk and loaded back with AutoTokenizer like any other) and writes its data as
 parquet files in verl's schema, so the run goes through the same paths as user data.
@@ -38,18 +45,20 @@ def build_tokenizer(out_dir: str, chars: list[str] | None = None, chat_template:
     return out_dir
 
 
-def make_problems(count: int, seed: int, exclude: set[str] | None = None) -> list[tuple[str, str]]:
-    """`count` distinct (prompt, answer) pairs, e.g. ("123+45=", "168")."""
+def make_problems(count: int, seed: int, exclude: set[str] | None = None,
+                  fixed_width: bool = False) -> list[tuple[str, str]]:
+    """`count` distinct (prompt, answer) pairs, e.g. ("123+45=", "168"), or with fixed_width
+    ("123+045=", "0168"). The same seed draws the same operands either way."""
     rng = random.Random(seed)
     seen = set(exclude or ())
     out = []
     while len(out) < count:
         a, b = rng.randint(0, 999), rng.randint(0, 999)
-        prompt = f"{a}+{b}="
+        prompt = f"{a:03d}+{b:03d}=" if fixed_width else f"{a}+{b}="
         if prompt in seen:
             continue
         seen.add(prompt)
-        out.append((prompt, str(a + b)))
+        out.append((prompt, f"{a + b:04d}" if fixed_width else str(a + b)))
     return out
 
 
@@ -64,14 +73,15 @@ def to_rows(problems: list[tuple[str, str]], split: str) -> list[dict]:
     } for i, (p, a) in enumerate(problems)]
 
 
-def write_dataset(out_dir: str, train_size: int, val_size: int, seed: int) -> tuple[str, str]:
+def write_dataset(out_dir: str, train_size: int, val_size: int, seed: int,
+                  fixed_width: bool = False) -> tuple[str, str]:
     """Write train.parquet and val.parquet (disjoint prompts); return their paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(out_dir, exist_ok=True)
-    val = make_problems(val_size, seed=seed + 10_000)
-    train = make_problems(train_size, seed=seed, exclude={p for p, _ in val})
+    val = make_problems(val_size, seed=seed + 10_000, fixed_width=fixed_width)
+    train = make_problems(train_size, seed=seed, exclude={p for p, _ in val}, fixed_width=fixed_width)
     paths = []
     for name, probs in (("train", train), ("val", val)):
         path = os.path.join(out_dir, f"{name}.parquet")

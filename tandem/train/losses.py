@@ -59,14 +59,19 @@ def _layout(values: torch.Tensor, valid: torch.Tensor | None, b: int, r: int) ->
 
 
 @reads_responses_only
-def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float):
-    """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics)."""
+def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float,
+                   on_policy: bool = False):
+    """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics).
+
+    on_policy: the micro-batch has no old log-probs because they are the current policy's: this
+    forward pass's own (detached; the same numbers a separate log-prob pass gives, so the same
+    loss and gradient), also returned per row as metrics["old_log_probs"] [B, R]."""
     dev = device.device()
     mask = device.to_device(mb["response_mask"], dev).float()
     # with no entropy bonus the entropy is only a metric: keep its [n, V] graph out of backward
     log_prob, entropy = response_log_probs(output, mb, temperature, with_entropy=True,
                                            entropy_grad=cfg.entropy_coeff != 0)
-    old_log_prob = device.to_device(mb["old_log_probs"], dev)
+    old_log_prob = log_prob.detach() if on_policy else device.to_device(mb["old_log_probs"], dev)
     is_weights, tis_metrics = None, {}
     if cfg.tis_imp_ratio_cap > 0:  # truncated IS: correct for rollout-engine vs trainer log-prob mismatch
         rollout_log_prob = device.to_device(mb["rollout_log_probs"], dev)
@@ -95,7 +100,10 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
                                  cfg.kl_loss_type, cfg.loss_agg_mode)
         loss = loss + cfg.kl_loss_coef * kl
         metrics[M.ACTOR_KL_LOSS] = kl
-    return loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), _scalars(metrics)
+    out = _scalars(metrics)
+    if on_policy:  # per row, left on the device: train_steps reads them back once per mini-batch
+        out["old_log_probs"] = old_log_prob.float()
+    return loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), out
 
 
 def _scalars(metrics: dict) -> dict:

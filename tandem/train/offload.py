@@ -105,6 +105,11 @@ class HostStash:
         """The current stream waits for the last reload's copies (a device-side wait)."""
         device.wait_on_device(self._reloaded)
 
+    def drop(self) -> None:
+        """Forget what is stashed and the spare buffers (the state's owner is being discarded)."""
+        device.wait_on_host(self._reloaded)
+        self._held, self._spare = [], defaultdict(list)
+
     def free_host_memory(self) -> None:
         """Drop the spare host buffers (what is stashed stays)."""
         device.wait_on_host(self._reloaded)

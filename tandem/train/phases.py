@@ -81,6 +81,14 @@ class MemoryPhases:
             if self.idle_after_call:
                 self.enter(IDLE)
 
+    def drop(self) -> None:
+        """The worker is being discarded (its run released): the stashed bytes and the pinned host
+        buffers go now, not when the last reference to the worker does; the phases are not used after."""
+        for g in self.groups.values():
+            if g.stash is not None:
+                g.stash.drop()
+        device.empty_host_cache()
+
     def where(self) -> dict[str, str]:
         """{group: 'device' | 'host'} (a dropped gradient buffer counts as 'host')."""
         return {name: "device" if g.on_device else "host" for name, g in self.groups.items()}

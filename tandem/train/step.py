@@ -15,29 +15,37 @@ import torch
 from tandem.data.batch import DataProto
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer
-from tandem.train.schedule import run_schedule
+from tandem.train.schedule import is_scalar, run_schedule
 
 
 def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows: int,
                 loss_fn: Callable, grad_norm_key: str, lr_key: str) -> dict:
     """-> {"weighted": {metric: sum over minis of (sum of value x units) / mini units},
-    "steps": {grad_norm_key: mean, lr_key: mean}}. The front door sums "weighted" over DP
-    ranks and divides by the number of mini-batches."""
+    "steps": {grad_norm_key: mean, lr_key: mean}, "rows": one DataProto per mini of the
+    loss's per-row outputs (e.g. on-policy old log-probs; None when it has none)}. The front
+    door sums "weighted" over DP ranks and divides by the number of mini-batches."""
     weighted: dict[str, float] = defaultdict(float)
-    grad_norms, lrs = [], []
+    grad_norms, lrs, rows = [], [], []
     model.train()
     for mini in minis:
         total_units = float(mini.meta["loss_units"])  # of the global mini-batch, all DP ranks
         optimizer.zero_grad()
         outs = run_schedule(model, micro_batches(mini, micro_rows), loss_fn, forward_only=False)
+        per_row: dict[str, list] = defaultdict(list)
         for out in outs:
             for k, v in out.items():
-                if k != "units":
+                if k == "units":
+                    continue
+                if is_scalar(v):
                     weighted[k] += v / max(total_units, 1.0)
+                else:  # [rows, ...] of the micro-batch, left on the device until here
+                    per_row[k].append(v)
+        rows.append(DataProto(tensors={k: torch.cat(v).cpu() for k, v in per_row.items()}) if per_row else None)
         lrs.append(optimizer.lr)
         grad_norms.append(optimizer.step())
     return {"weighted": host_floats(weighted),
-            "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)}}
+            "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)},
+            "rows": rows}
 
 
 def host_floats(metrics: dict) -> dict:

@@ -1,5 +1,6 @@
 from tandem.v1 import common_pb2 as _common_pb2
 from tandem.v1 import data_pb2 as _data_pb2
+from tandem.v1 import weights_pb2 as _weights_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -35,13 +36,15 @@ class ComputeRefLogProbResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class UpdateActorRequest(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "on_policy")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    ON_POLICY_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+    on_policy: bool
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
-    __slots__ = ("metrics", "weights_version")
+    __slots__ = ("metrics", "weights_version", "batch")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -51,9 +54,11 @@ class UpdateActorResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     weights_version: int
-    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ...) -> None: ...
+    batch: _data_pb2.Batch
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class TrainSftRequest(_message.Message):
     __slots__ = ("batch",)
@@ -83,15 +88,3 @@ class SetReferenceRequest(_message.Message):
 class SetReferenceResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
-
-class ExportWeightsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
-
-class ExportWeightsResponse(_message.Message):
-    __slots__ = ("weights", "weights_version")
-    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
-    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
-    weights: _data_pb2.NamedTensors
-    weights_version: int
-    def __init__(self, weights: _Optional[_Union[_data_pb2.NamedTensors, _Mapping]] = ..., weights_version: _Optional[int] = ...) -> None: ...

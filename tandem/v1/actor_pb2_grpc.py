@@ -5,6 +5,7 @@ import warnings
 
 from tandem.v1 import actor_pb2 as tandem_dot_v1_dot_actor__pb2
 from tandem.v1 import common_pb2 as tandem_dot_v1_dot_common__pb2
+from tandem.v1 import weights_pb2 as tandem_dot_v1_dot_weights__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -61,10 +62,35 @@ class ActorServiceStub:
                 request_serializer=tandem_dot_v1_dot_actor__pb2.SetReferenceRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_actor__pb2.SetReferenceResponse.FromString,
                 _registered_method=True)
-        self.ExportWeights = channel.unary_unary(
-                '/tandem.v1.ActorService/ExportWeights',
-                request_serializer=tandem_dot_v1_dot_actor__pb2.ExportWeightsRequest.SerializeToString,
-                response_deserializer=tandem_dot_v1_dot_actor__pb2.ExportWeightsResponse.FromString,
+        self.GetWeightsManifest = channel.unary_unary(
+                '/tandem.v1.ActorService/GetWeightsManifest',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.GetWeightsManifestRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.GetWeightsManifestResponse.FromString,
+                _registered_method=True)
+        self.StreamWeights = channel.unary_stream(
+                '/tandem.v1.ActorService/StreamWeights',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.StreamWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.StreamWeightsResponse.FromString,
+                _registered_method=True)
+        self.ShareWeights = channel.unary_unary(
+                '/tandem.v1.ActorService/ShareWeights',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.ShareWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.ShareWeightsResponse.FromString,
+                _registered_method=True)
+        self.ReleaseWeights = channel.unary_unary(
+                '/tandem.v1.ActorService/ReleaseWeights',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.ReleaseWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.ReleaseWeightsResponse.FromString,
+                _registered_method=True)
+        self.JoinWeightGroup = channel.unary_unary(
+                '/tandem.v1.ActorService/JoinWeightGroup',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.JoinWeightGroupRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.JoinWeightGroupResponse.FromString,
+                _registered_method=True)
+        self.BroadcastWeights = channel.unary_stream(
+                '/tandem.v1.ActorService/BroadcastWeights',
+                request_serializer=tandem_dot_v1_dot_weights__pb2.BroadcastWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_weights__pb2.BroadcastWeightsResponse.FromString,
                 _registered_method=True)
         self.SaveCheckpoint = channel.unary_unary(
                 '/tandem.v1.ActorService/SaveCheckpoint',
@@ -117,8 +143,45 @@ class ActorServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def ExportWeights(self, request, context):
-        """Current policy weights, Hugging Face-named, for a rollout engine.
+    def GetWeightsManifest(self, request, context):
+        """The weight plane (weights.proto): a rollout pulls the current policy in the TP=1
+        megatron layout (megatron parameter names, not Hugging Face's), gathered once per version.
+        The manifest of the current version and where the source runs.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StreamWeights(self, request, context):
+        """The manifest, the flat layout in chunks, then an end message (any host).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShareWeights(self, request, context):
+        """A CUDA IPC handle of the version's flat layout on the GPU (a reader on the same GPU).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReleaseWeights(self, request, context):
+        """Ends a ShareWeights read: OK only if the shared bytes held the version throughout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def JoinWeightGroup(self, request, context):
+        """Join a receiver's weight process group (once per receiver; again after either side restarts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BroadcastWeights(self, request, context):
+        """Broadcast the version in that group: `ready`, the buckets, then `done`.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -166,10 +229,35 @@ def add_ActorServiceServicer_to_server(servicer, server):
                     request_deserializer=tandem_dot_v1_dot_actor__pb2.SetReferenceRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_actor__pb2.SetReferenceResponse.SerializeToString,
             ),
-            'ExportWeights': grpc.unary_unary_rpc_method_handler(
-                    servicer.ExportWeights,
-                    request_deserializer=tandem_dot_v1_dot_actor__pb2.ExportWeightsRequest.FromString,
-                    response_serializer=tandem_dot_v1_dot_actor__pb2.ExportWeightsResponse.SerializeToString,
+            'GetWeightsManifest': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWeightsManifest,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.GetWeightsManifestRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.GetWeightsManifestResponse.SerializeToString,
+            ),
+            'StreamWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.StreamWeights,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.StreamWeightsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.StreamWeightsResponse.SerializeToString,
+            ),
+            'ShareWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShareWeights,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.ShareWeightsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.ShareWeightsResponse.SerializeToString,
+            ),
+            'ReleaseWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReleaseWeights,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.ReleaseWeightsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.ReleaseWeightsResponse.SerializeToString,
+            ),
+            'JoinWeightGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.JoinWeightGroup,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.JoinWeightGroupRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.JoinWeightGroupResponse.SerializeToString,
+            ),
+            'BroadcastWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.BroadcastWeights,
+                    request_deserializer=tandem_dot_v1_dot_weights__pb2.BroadcastWeightsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_weights__pb2.BroadcastWeightsResponse.SerializeToString,
             ),
             'SaveCheckpoint': grpc.unary_unary_rpc_method_handler(
                     servicer.SaveCheckpoint,
@@ -329,7 +417,7 @@ class ActorService:
             _registered_method=True)
 
     @staticmethod
-    def ExportWeights(request,
+    def GetWeightsManifest(request,
             target,
             options=(),
             channel_credentials=None,
@@ -342,9 +430,144 @@ class ActorService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tandem.v1.ActorService/ExportWeights',
-            tandem_dot_v1_dot_actor__pb2.ExportWeightsRequest.SerializeToString,
-            tandem_dot_v1_dot_actor__pb2.ExportWeightsResponse.FromString,
+            '/tandem.v1.ActorService/GetWeightsManifest',
+            tandem_dot_v1_dot_weights__pb2.GetWeightsManifestRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.GetWeightsManifestResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StreamWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.ActorService/StreamWeights',
+            tandem_dot_v1_dot_weights__pb2.StreamWeightsRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.StreamWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShareWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.ActorService/ShareWeights',
+            tandem_dot_v1_dot_weights__pb2.ShareWeightsRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.ShareWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReleaseWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.ActorService/ReleaseWeights',
+            tandem_dot_v1_dot_weights__pb2.ReleaseWeightsRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.ReleaseWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def JoinWeightGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.ActorService/JoinWeightGroup',
+            tandem_dot_v1_dot_weights__pb2.JoinWeightGroupRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.JoinWeightGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BroadcastWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tandem.v1.ActorService/BroadcastWeights',
+            tandem_dot_v1_dot_weights__pb2.BroadcastWeightsRequest.SerializeToString,
+            tandem_dot_v1_dot_weights__pb2.BroadcastWeightsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -40,10 +40,15 @@ class RolloutServiceStub:
                 request_serializer=tandem_dot_v1_dot_rollout__pb2.GenerateSequencesRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_rollout__pb2.GenerateSequencesResponse.FromString,
                 _registered_method=True)
-        self.LoadWeights = channel.unary_unary(
-                '/tandem.v1.RolloutService/LoadWeights',
-                request_serializer=tandem_dot_v1_dot_rollout__pb2.LoadWeightsRequest.SerializeToString,
-                response_deserializer=tandem_dot_v1_dot_rollout__pb2.LoadWeightsResponse.FromString,
+        self.SyncWeights = channel.unary_unary(
+                '/tandem.v1.RolloutService/SyncWeights',
+                request_serializer=tandem_dot_v1_dot_rollout__pb2.SyncWeightsRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_rollout__pb2.SyncWeightsResponse.FromString,
+                _registered_method=True)
+        self.GetWeightsDigest = channel.unary_unary(
+                '/tandem.v1.RolloutService/GetWeightsDigest',
+                request_serializer=tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestRequest.SerializeToString,
+                response_deserializer=tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestResponse.FromString,
                 _registered_method=True)
 
 
@@ -58,8 +63,15 @@ class RolloutServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def LoadWeights(self, request, context):
-        """Replace the engine's weights.
+    def SyncWeights(self, request, context):
+        """Pull a weights version from a source (the actor) and swap to it atomically.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetWeightsDigest(self, request, context):
+        """Per-tensor SHA-256 of the engine's weights in the TP=1 layout (tests, debugging).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,10 +85,15 @@ def add_RolloutServiceServicer_to_server(servicer, server):
                     request_deserializer=tandem_dot_v1_dot_rollout__pb2.GenerateSequencesRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_rollout__pb2.GenerateSequencesResponse.SerializeToString,
             ),
-            'LoadWeights': grpc.unary_unary_rpc_method_handler(
-                    servicer.LoadWeights,
-                    request_deserializer=tandem_dot_v1_dot_rollout__pb2.LoadWeightsRequest.FromString,
-                    response_serializer=tandem_dot_v1_dot_rollout__pb2.LoadWeightsResponse.SerializeToString,
+            'SyncWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.SyncWeights,
+                    request_deserializer=tandem_dot_v1_dot_rollout__pb2.SyncWeightsRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_rollout__pb2.SyncWeightsResponse.SerializeToString,
+            ),
+            'GetWeightsDigest': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetWeightsDigest,
+                    request_deserializer=tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestRequest.FromString,
+                    response_serializer=tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -118,7 +135,7 @@ class RolloutService:
             _registered_method=True)
 
     @staticmethod
-    def LoadWeights(request,
+    def SyncWeights(request,
             target,
             options=(),
             channel_credentials=None,
@@ -131,9 +148,36 @@ class RolloutService:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/tandem.v1.RolloutService/LoadWeights',
-            tandem_dot_v1_dot_rollout__pb2.LoadWeightsRequest.SerializeToString,
-            tandem_dot_v1_dot_rollout__pb2.LoadWeightsResponse.FromString,
+            '/tandem.v1.RolloutService/SyncWeights',
+            tandem_dot_v1_dot_rollout__pb2.SyncWeightsRequest.SerializeToString,
+            tandem_dot_v1_dot_rollout__pb2.SyncWeightsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetWeightsDigest(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tandem.v1.RolloutService/GetWeightsDigest',
+            tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestRequest.SerializeToString,
+            tandem_dot_v1_dot_rollout__pb2.GetWeightsDigestResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -25,7 +25,7 @@ TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=200",
         "data.builtin_val_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "services.actor.torch_threads=1", "trainer.test_freq=0", "trainer.logger=[console,jsonl]",
-        "trainer.experiment_name=compose_cpu"]
+        "trainer.experiment_name=compose_cpu", "trainer.sft.stop_at_accuracy=null"]  # 3 SFT steps: no dev split
 ROLE_OF = {"actor-cpu": "actor", "reward": "reward"}
 
 

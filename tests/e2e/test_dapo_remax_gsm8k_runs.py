@@ -34,7 +34,8 @@ def test_gsm8k_format_parquet_with_validation(tmp_path):
     run_dir, lines = tandem_run([
         f"data.train_files={data / 'train.parquet'}", f"data.val_files={data / 'val.parquet'}",
         f"actor_rollout_ref.model.tokenizer_path={data / 'tokenizer'}", "data.max_response_length=10",
-        "trainer.sft.total_steps=3", "trainer.test_freq=1", "actor_rollout_ref.rollout.val_kwargs.n=2",
+        "trainer.sft.total_steps=3", "trainer.sft.stop_at_accuracy=null", "trainer.test_freq=1",
+        "actor_rollout_ref.rollout.val_kwargs.n=2",
         "actor_rollout_ref.rollout.val_kwargs.do_sample=true", "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
     ], runs)
     val = [m for m in lines if "val/accuracy" in m]
@@ -52,7 +53,8 @@ def test_gsm8k_format_parquet_with_validation(tmp_path):
 
 def test_remax_dapo_tis_builtin(tmp_path):
     run_dir, lines = tandem_run([
-        "trainer.sft.total_steps=3", "data.builtin_train_size=200", "data.builtin_val_size=8",
+        "trainer.sft.total_steps=3", "trainer.sft.stop_at_accuracy=null", "data.builtin_train_size=200",
+        "data.builtin_val_size=8",
         "trainer.test_freq=0", "algorithm.adv_estimator=remax", "algorithm.filter_groups.enable=true",
         # an untrained model is never right (acc all 0): filter on the shaped reward, which varies with length
         "algorithm.filter_groups.metric=seq_reward", "algorithm.filter_groups.max_num_gen_batches=20",

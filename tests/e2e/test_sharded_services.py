@@ -64,6 +64,18 @@ def test_ppo_actor_tp2_standalone_rollout_dp2(tmp_path):
     assert steps[2]["training/rollout_probs_diff_max"] < 1e-4
 
 
+def test_grpo_two_rollout_replicas(tmp_path):
+    """services.rollout.replicas=2: two standalone rollout services, each synced by the weight
+    plane after every update, each generating its share of every batch."""
+    pids, steps, run_dir = finished(tmp_path, "replicas2", [
+        "actor_rollout_ref.rollout.mode=standalone", "services.rollout.replicas=2"])
+    assert {r: len(p) for r, p in pids.items()} == {"actor": 1, "rollout": 2, "reward": 1}
+    assert (run_dir / "logs" / "rollout-1.log").is_file()
+    assert sorted(steps) == [1, 2] and all(m["weight_sync/bytes"] > 0 for m in steps.values())
+    assert [m["rollout/weights_version"] for m in steps.values()] == [4, 5]  # 3 SFT steps, then updates
+    assert steps[2]["training/rollout_probs_diff_max"] < 1e-4
+
+
 def test_actor_pp2_generates_on_tp1_copies(tmp_path):
     """A run with the actor at PP=2: the colocated rollout generates on a TP=1 copy of the whole
     policy on each rank, gathered from both pipeline stages before every generation."""

@@ -17,7 +17,9 @@ TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_
         "critic.ppo_mini_batch_size=2", "services.actor.torch_threads=1",
         # pinned so that changes of the defaults do not change what this test checks
         "data.max_prompt_length=16", "data.max_response_length=6", "trainer.test_freq=0",
-        "trainer.logger=[console,jsonl,tensorboard]", "critic.init_from_policy=true"]
+        "trainer.logger=[console,jsonl,tensorboard]", "critic.init_from_policy=true",
+        # SFT's dev-accuracy stop, evaluated at steps 2 and 3 and never reached: all 3 steps run
+        "trainer.sft.stop_at_accuracy=0.99", "trainer.sft.eval_freq=2", "trainer.sft.dev_size=16"]
 STEPS = 2
 STEP_KEYS = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "response_length/mean", "timing_s/step"]
 
@@ -77,6 +79,8 @@ def test_tandem_run(case, tmp_path):
     assert summary["rl_gain"] == pytest.approx(summary["val_accuracy_final"] - summary["val_accuracy_after_sft"])
     estimator = next(o.split("=", 1)[1] for o in overrides if o.startswith("algorithm.adv_estimator="))
     assert summary["adv_estimator"] == estimator and summary["val_size"] == 16
+    assert summary["sft_steps"] == 3 and [step for step, _ in summary["sft_dev_accuracy"]] == [2, 3]
+    assert all(0.0 <= acc <= 1.0 for _, acc in summary["sft_dev_accuracy"])
     out_lines = out.splitlines()
     start = out_lines.index("{")
     printed = json.loads("\n".join(out_lines[start: out_lines.index("}", start) + 1]))
@@ -89,6 +93,11 @@ def test_tandem_run(case, tmp_path):
     keys = STEP_KEYS + (["critic/vf_loss"] if "ppo" in case else [])
     if case == "rloo_kl":
         keys += ["actor/kl_loss", "actor/reward_kl_penalty", "actor/reward_kl_penalty_coeff"]
+    if "standalone" in case:  # the weight plane's metrics (controller/weight_sync.py)
+        keys += ["timing_s/weight_sync", "weight_sync/bytes", "perf/weight_sync_gbps", "rollout/weights_version"]
+        # versions: 3 SFT steps, then one update per RL step
+        assert [m["rollout/weights_version"] for m in step_lines] == [3 + s for s in range(1, STEPS + 1)]
+        assert all(m["weight_sync/bytes"] > 0 for m in step_lines)
     for m in step_lines:
         for k in keys:
             assert isinstance(m.get(k), (int, float)), f"step {m['step']}: {k} missing"

@@ -1,7 +1,7 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
 usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
-                             [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...]
+                             [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...] [--on-policy]
 
 All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
 drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
@@ -9,7 +9,9 @@ log-probs after, the new weights as a Hugging Face export, and a checkpoint. Wit
 --init-from it first saves its initial weights to OUT/init (a random init differs across
 pipeline stages, so PP layouts start from TP=1's). With --load-from it loads that
 checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
-A failure raises (non-zero exit). --set adds config overrides (e.g. a Hugging Face model.path);
+A failure raises (non-zero exit). --on-policy: the update is UpdateActor(on_policy) (one
+mini-batch: it sets ppo_mini_batch_size=4), whose own old log-probs are written as "on_policy_old".
+--set adds config overrides (e.g. a Hugging Face model.path);
 ACTOR_RANK_OVERRIDES (space-separated key=value) adds more when running it by hand.
 """
 import os
@@ -52,7 +54,11 @@ def parse_args():
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
     p.add_argument("--load-from")
-    return p.parse_args()
+    p.add_argument("--on-policy", action="store_true")
+    a = p.parse_args()
+    if a.on_policy:  # 4 prompts x n=2 = the whole batch in one mini-batch
+        a.set.append("actor_rollout_ref.actor.ppo_mini_batch_size=4")
+    return a
 
 
 def actor_config(a):
@@ -90,10 +96,17 @@ def exercise(actor, a, batch, advantages) -> dict:
         else:
             actor.save(os.path.join(a.out, "init"))
         old = actor.compute_log_prob(batch, calculate_entropy=True)
-        train = batch.union(old)
-        train.tensors["advantages"] = advantages
         result["before"] = old["old_log_probs"]
-        result["metrics"] = actor.update_actor(train)
+        if a.on_policy:
+            from tandem.data.batch import DataProto
+
+            train = batch.union(DataProto(tensors={"advantages": advantages}))
+            result["metrics"], on_policy_old = actor.update_actor_on_policy(train)
+            result["on_policy_old"] = on_policy_old["old_log_probs"]
+        else:
+            train = batch.union(old)
+            train.tensors["advantages"] = advantages
+            result["metrics"] = actor.update_actor(train)
     result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
     if a.pp == 1:  # (HF export gathers TP shards only; a PP run's weights are compared after a reload)
         actor.export_hf(os.path.join(a.out, "hf"))

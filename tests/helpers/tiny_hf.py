@@ -52,6 +52,24 @@ def tiny_qwen3_moe(path, seed: int = 0, **overrides) -> pathlib.Path:
     return _save(Qwen3MoeForCausalLM(Qwen3MoeConfig(**{**MOE, **overrides})), path)
 
 
+def tiny_qwen3(path, seed: int = 2, **overrides) -> pathlib.Path:
+    """Qwen3 dense (0.6B style): q/k norms, head_dim != hidden/heads, tied embeddings."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(Qwen3ForCausalLM(Qwen3Config(**{**DENSE, "head_dim": 32, "tie_word_embeddings": True,
+                                                 **overrides})), path)
+
+
+def tiny_mistral(path, seed: int = 3, **overrides) -> pathlib.Path:
+    """Mistral (v0.3 style: no sliding window), head_dim != hidden/heads as in Mistral-Nemo."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(seed)
+    return _save(MistralForCausalLM(MistralConfig(**{**DENSE, "head_dim": 8, "sliding_window": None,
+                                                     "tie_word_embeddings": False, **overrides})), path)
+
+
 def tiny_reward_model(path, family: str = "llama", seed: int = 2, **overrides) -> pathlib.Path:
     """A one-label XForSequenceClassification (a reward model): Llama, or Qwen2 (qkv bias, tied
     embeddings in the config, which a classifier does not use). pad_token_id 0 (transformers reads

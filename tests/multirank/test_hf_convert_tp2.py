@@ -1,11 +1,12 @@
 """HF <-> megatron conversion across ranks (two gloo processes, tests/helpers/hf_rank.py):
-logits equal transformers' and the export round trip is bit-exact at TP=2 (Llama, Qwen2) and
+logits equal transformers' and the export round trip is bit-exact at TP=2 (Llama, Qwen2, Qwen3,
+Mistral) and
 at EP=2 and TP=2 (Qwen3-MoE). The one-rank cases are tests/unit/test_hf_convert.py and
 test_moe_convert.py."""
 import pathlib
 import sys
 
-from tiny_hf import MOE_VARIANTS, tiny_llama, tiny_qwen2, tiny_qwen3_moe
+from tiny_hf import MOE_VARIANTS, tiny_llama, tiny_mistral, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe
 
 from tandem.parallel.layout import local_tcp_rendezvous
 
@@ -14,10 +15,11 @@ ROPE = dict(rope_theta=500000.0)
 
 
 def test_dense_logits_and_round_trip_tp2(tmp_path, run_ranks):
-    dirs = [tiny_llama(tmp_path / "llama", **ROPE), tiny_qwen2(tmp_path / "qwen2", **ROPE)]
+    dirs = [tiny_llama(tmp_path / "llama", **ROPE), tiny_qwen2(tmp_path / "qwen2", **ROPE),
+            tiny_qwen3(tmp_path / "qwen3", **ROPE), tiny_mistral(tmp_path / "mistral", **ROPE)]
     args = ["2", "1", local_tcp_rendezvous(), str(tmp_path / "out"), *(str(d) for d in dirs)]
-    outs = run_ranks([[sys.executable, RANK_SCRIPT, str(r), *args] for r in range(2)], timeout=120)
-    assert outs[0].count("bit-exact") == 2, outs[0][-3000:]
+    outs = run_ranks([[sys.executable, RANK_SCRIPT, str(r), *args] for r in range(2)], timeout=240)
+    assert outs[0].count("bit-exact") == len(dirs), outs[0][-3000:]
 
 
 def test_moe_logits_and_round_trip_ep2_and_tp2(tmp_path, run_ranks):

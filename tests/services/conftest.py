@@ -1,20 +1,17 @@
-"""Real service processes for the service tests, started once per session.
-
-actor (colocated: it also serves RolloutService), reward, critic from the run's
-config.yaml, and a standalone rollout from a copy with rollout.mode=standalone, all
-started together (one process each) by the controller's local launcher, as `tandem run` does.
-"""
-import asyncio
-import os
+"""Real service processes for the service tests, started once per session
+(tests/helpers/service_procs.py): actor (colocated: it also serves RolloutService; two DP
+ranks), reward, critic and two standalone rollouts (`rollout`, `rollout-1`: replicas), by the
+controller's local launcher, as `tandem run` starts them. The standalone rollouts pull their
+weights from the actor (tandem/weights/)."""
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import grpc
 import pytest
 import torch
+from rpc_expect import expect_error  # tests/helpers
 
 from tandem.data.batch import DataProto
-from tandem.rpc.errors import TandemError
 
 SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 PROMPT_TEXTS = ["12+7=", "905+88=", "3+4=", "640+521="]
@@ -28,6 +25,7 @@ class Services:
     endpoints: dict
     tokenizer: object
     vocab_size: int
+    pids: dict  # role -> pid of the service's rank 0
 
     def client(self, kind: str, role: str | None = None):
         """A controller client for `kind` at `role`'s endpoint (create inside the event loop)."""
@@ -43,6 +41,10 @@ class Services:
         return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},
                    security=security(self.cfg, role or kind))
 
+    def source(self) -> str:
+        """The actor's endpoint: where the standalone rollouts pull weights from."""
+        return self.endpoints["actor"]
+
     def prompts(self, texts=PROMPT_TEXTS) -> DataProto:
         from tandem.generation.engine import left_pad
 
@@ -52,57 +54,25 @@ class Services:
         return DataProto(tensors={"input_ids": ids, "attention_mask": mask})
 
 
-SERVICE_TEST_CONFIG = [
-    "trainer.experiment_name=service_tests",
-    "data.builtin_train_size=200", "data.builtin_val_size=16", "data.train_batch_size=4",
-    "actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=4",
-    "actor_rollout_ref.model.init_std=0.3", "actor_rollout_ref.rollout.mode=colocated",
-    "actor_rollout_ref.actor.ppo_epochs=1", "actor_rollout_ref.actor.shuffle=false",
-    "actor_rollout_ref.actor.use_kl_loss=false", "algorithm.use_kl_in_reward=false",
-    "services.actor.torch_threads=1"]
-
-
 @contextmanager
 def launched(base, overrides: list[str]):
     """All four roles as real processes from one run's config (+ `overrides`): actor (colocated
-    rollout), reward and critic from config.yaml, a standalone rollout from a copy with
-    rollout.mode=standalone, started in parallel by the controller's local launcher -> Services;
-    every process stopped afterwards."""
+    rollout), reward, critic and a standalone rollout, started in parallel by the controller's
+    local launcher (tests/helpers/service_procs.py) -> Services; every process stopped afterwards."""
+    from service_procs import start_services, stop_services
     from transformers import AutoTokenizer
 
-    from controller.launchers import LaunchContext
-    from controller.launchers.local import LocalLauncher
-    from controller.run_dir import create_run_dir
-    from tandem.config import load_config, to_yaml
     from tandem.models.shape_from_config import padded_vocab_size
 
-    cfg = load_config(None, [f"trainer.default_local_dir={base}", *SERVICE_TEST_CONFIG, *overrides])
-    cfg, run_dir = create_run_dir(cfg)
-    run_id = os.path.basename(run_dir)
-    standalone = replace(cfg, actor_rollout_ref=replace(
-        cfg.actor_rollout_ref, rollout=replace(cfg.actor_rollout_ref.rollout, mode="standalone")))
-    standalone_yaml = os.path.join(run_dir, "config_standalone.yaml")
-    with open(standalone_yaml, "w") as f:
-        f.write(to_yaml(standalone))
-
-    # two launchers (two config files); all four services start in parallel
-    launchers = [LocalLauncher(LaunchContext(path, run_dir, run_id, startup_timeout_s=180))
-                 for path in (os.path.join(run_dir, "config.yaml"), standalone_yaml)]
-
-    async def start() -> dict:
-        main, standalone = await asyncio.gather(launchers[0].start(["actor", "reward", "critic"]),
-                                                launchers[1].start(["rollout"]))
-        return {**main, **standalone}
-
+    started = start_services(str(base), "service_tests", overrides)
     try:
-        endpoints = asyncio.run(start())
+        cfg = started.cfg
         tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
-        yield Services(cfg, run_dir, run_id, endpoints, tok, padded_vocab_size(len(tok)))
+        yield Services(cfg, started.run_dir, started.run_id, started.endpoints, tok, padded_vocab_size(len(tok)),
+                       started.pids)
     finally:
-        for launcher in launchers:
-            launcher.stop()
-    for launcher in launchers:
+        stop_services(started.launchers)
+    for launcher in started.launchers:
         for role, proc in launcher.processes.items():
             assert proc.returncode is not None, f"{role} service still running"
 
@@ -115,19 +85,6 @@ def services(tmp_path_factory):
 
 
 # ---- helpers ------------------------------------------------------------------------------
-
-async def expect_error(coro, code: grpc.StatusCode, *fragments: str) -> str:
-    """Await `coro`; it must fail with status `code` and a message containing every fragment."""
-    try:
-        await coro
-    except TandemError as e:
-        msg = str(e)
-        assert e.code == code, f"expected {code.name}, got {e.code.name}: {msg}"
-        for frag in fragments:
-            assert frag in msg, f"{frag!r} not in {msg!r}"
-        return msg
-    raise AssertionError(f"call succeeded; expected {code.name} mentioning {fragments}")
-
 
 async def raw_call(endpoint: str, method: str, payload: bytes) -> grpc.aio.AioRpcError:
     """Send raw bytes to a method (no serializer); return the error it must answer with."""

@@ -75,7 +75,7 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
         gen = await sampled_batch(services, rollout)
         seq = services.sequences(gen)
         lp0 = (await actor.compute_log_prob(seq))["old_log_probs"]
-        _, version0 = await actor.export_weights()
+        version0 = await actor.weights_version()
         adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(0))
         train = services.with_tensor(services.with_tensor(seq, "old_log_probs", lp0), "advantages", adv)
 
@@ -104,12 +104,42 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
 
         # state intact: same log-probs, same weights version after all the failed calls
         assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0)
-        assert (await actor.export_weights())[1] == version0
+        assert await actor.weights_version() == version0
         # ... and the next good update works, on-policy
         metrics, version = await actor.update_actor(train)
         assert version == version0 + 1
         assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
         assert not torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0)
+        await actor.close()
+        await rollout.close()
+
+    asyncio.run(main())
+
+
+def test_actor_on_policy_update_bad_inputs_then_the_old_log_probs_of_a_separate_pass(services):
+    """UpdateActor(on_policy) at DP=2: refused with old_log_probs in the batch or with more rows
+    than one mini-batch (state intact); accepted, it returns the old log-probs that
+    ComputeLogProb gives, bit for bit, and ppo_kl is 0."""
+    async def main():
+        actor = services.client("actor")
+        rollout = services.client("rollout", "actor")
+        seq = services.sequences(await sampled_batch(services, rollout))  # 4 prompts x 2 = one mini-batch
+        lp0 = (await actor.compute_log_prob(seq))["old_log_probs"]
+        version0 = await actor.weights_version()
+        adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(1))
+        train = services.with_tensor(seq, "advantages", adv)
+        twice = DataProto.concat([train, train])  # 16 rows: two mini-batches of 4 prompts x 2
+        twice.meta = dict(train.meta)
+        cases = [("old_log_probs sent", services.with_tensor(train, "old_log_probs", lp0), ("on_policy", "old_log_probs")),
+                 ("two mini-batches", twice, ("on_policy", "16 rows in mini-batches of 8")),
+                 ("missing advantages", seq, ("'advantages'", "missing"))]
+        for what, batch, frags in cases:
+            await services.expect_error(actor.update_actor_on_policy(batch), INVALID, "UpdateActor", *frags)
+            assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0), f"after {what}"
+        assert await actor.weights_version() == version0
+        metrics, version, old = await actor.update_actor_on_policy(train)
+        assert version == version0 + 1 and metrics["actor/ppo_kl"] == 0.0
+        assert torch.equal(old["old_log_probs"], lp0)
         await actor.close()
         await rollout.close()
 
@@ -155,7 +185,12 @@ def test_rollout_generate_bad_inputs(services):
         err = await services.raw_call(services.endpoints["actor"], "/tandem.v1.RolloutService/GenerateSequences", services.garbage(2))
         assert err.code() == INVALID and "GenerateSequencesRequest" in err.details()
         # the colocated rollout shares the actor's weights: it takes none
-        await services.expect_error(rollout.load_weights({}, 1), grpc.StatusCode.FAILED_PRECONDITION, "colocated")
+        await services.expect_error(rollout.sync_weights(1, services.endpoints["actor"]),
+                                    grpc.StatusCode.FAILED_PRECONDITION, "colocated")
+        await services.expect_error(rollout.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
+            batch=codec.encode_batch(prompts), sampling=rollout_pb2.SamplingParams(max_new_tokens=4, greedy=True,
+                                                                                   row_offset=-1))),
+            INVALID, "row_offset")
         await check_still_good("garbage bytes")
         await rollout.close()
 

@@ -58,7 +58,8 @@ def test_python_example_and_tandem_reward_service_pass(tmp_path):
     (tmp_path / "token").write_text("py-secret")
     example = [sys.executable, "-m", "services.reward.examples.external_server", "--port-file",
                str(tmp_path / "example.port"), "--token-file", str(tmp_path / "token")]
-    tandem = [sys.executable, "-m", "services.reward", "--port-file", str(tmp_path / "tandem.port")]
+    tandem = [sys.executable, "-m", "services.reward", "--port-file", str(tmp_path / "tandem.port"),
+              "reward_model.default_rule=arithmetic"]  # takes a run at start (with no config it would wait for one)
     with server_process(example, tmp_path / "example.port") as a, server_process(tandem, tmp_path / "tandem.port") as b:
         _passes(check(a, EndpointSecurity(token="py-secret")), ALWAYS + ["auth"])
         _passes(check(b), ALWAYS)

@@ -56,7 +56,8 @@ def test_tandem_run_from_hf_checkpoint(hf_llama_dir, tmp_path):
     path, _ = hf_llama_dir
     proc = subprocess.run(
         [sys.executable, "-m", "controller", "run", f"actor_rollout_ref.model.path={path}",
-         "trainer.sft.total_steps=2", "trainer.sft.batch_size=8", "trainer.total_training_steps=1",
+         "trainer.sft.total_steps=2", "trainer.sft.batch_size=8", "trainer.sft.stop_at_accuracy=null",
+         "trainer.total_training_steps=1",
          "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=100",
          "data.builtin_val_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
          "services.actor.torch_threads=1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp_path}"],

@@ -217,3 +217,50 @@ def test_distributed_optimizer_with_offload_resumes_exactly(megatron_dist, arith
     assert a["actor/grad_norm"] == b["actor/grad_norm"]
     for (name, x), (_, y) in zip(actor.export_weights().items(), resumed.export_weights().items()):
         assert torch.equal(x, y), name
+
+
+def test_an_on_policy_update_runs_in_the_train_phase_and_matches_offload_off(megatron_dist, arithmetic_tokenizer):
+    """The on-policy update (no old log-prob pass: the update's own forward gives them) with every key
+    on: the same old log-probs and weights as with every key off, and the state where `train` puts it."""
+    one_mini = "actor_rollout_ref.actor.ppo_mini_batch_size=4"  # every row in one mini-batch: on-policy
+    results = []
+    for keys in ([], OFFLOAD_ALL):
+        front, rollout = make_actor(arithmetic_tokenizer, *keys, one_mini)
+        gen = rollout.generate_sequences(prompts(arithmetic_tokenizer), SamplingParams(max_new_tokens=6, n=N, seed=3))
+        seq = gen.select(tensor_keys=["input_ids", "attention_mask", "responses", "response_mask"])
+        seq.meta = {"temperature": 1.0, "rollout_n": N}
+        batch = seq.union(front.compute_ref_log_prob(seq))
+        batch.tensors["advantages"] = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(3))
+        metrics, old = front.update_actor_on_policy(batch)
+        where = front.local.memory.where()  # before the export's own phase
+        results.append((metrics, old["old_log_probs"], front.export_weights(), where))
+    (m_off, old_off, w_off, _), (m_on, old_on, w_on, where_on) = results
+    assert torch.equal(old_off, old_on) and m_off["actor/grad_norm"] == m_on["actor/grad_norm"]
+    assert all(torch.equal(w_off[k], w_on[k]) for k in w_off)
+    assert where_on == {"policy": "device", "grads": "device", "optimizer": "device", "ref": "host",
+                        "kv_cache": "host"}
+
+
+def test_the_weight_plane_export_survives_the_policy_leaving_the_device(megatron_dist, arithmetic_tokenizer):
+    """stage_export at TP=1 hands the weight plane the parameters themselves; with param_offload they
+    would be emptied by the next phase that moves the policy out, before the plane reads them: copies."""
+    for keys, copied in (([], False), (OFFLOAD_ALL, True)):
+        front, _ = make_actor(arithmetic_tokenizer, *keys)
+        params = {n: p.detach().clone() for n, p in front.local.policy.named_parameters()}
+        exported = front.stage_export()
+        front.local.memory.enter("ref_log_probs")  # the policy leaves when its key is on
+        storages = {p.untyped_storage().data_ptr() for p in front.local.policy.parameters()}
+        assert any(t.untyped_storage().data_ptr() in storages for t in exported.values()) is not copied
+        assert all(torch.equal(exported[n], params[n]) for n in exported)
+
+
+def test_release_drops_the_offload_state(megatron_dist, arithmetic_tokenizer):
+    """A Release (the controller service gives the run back) takes the stashed bytes and the spare
+    pinned buffers with it, not when the worker object is collected."""
+    front, rollout = make_actor(arithmetic_tokenizer, *OFFLOAD_ALL)
+    grpo_step(front, rollout, arithmetic_tokenizer, seed=1)
+    rollout.generate_sequences(prompts(arithmetic_tokenizer), SamplingParams(max_new_tokens=2, greedy=True))
+    stashes = [g.stash for g in front.local.memory.groups.values() if g.stash is not None]
+    assert sum(s.nbytes_on_host for s in stashes) > 0 and any(s._spare for s in stashes)  # control
+    front.local.release()
+    assert sum(s.nbytes_on_host for s in stashes) == 0 and not any(s._spare for s in stashes)

@@ -1,4 +1,5 @@
 """Config errors name the dotted key (and the nearest known keys for a typo)."""
+import os
 import subprocess
 import sys
 
@@ -64,7 +65,7 @@ def test_bad_value_names_the_key():
     (["actor_rollout_ref.rollout.mode=remote"], "actor_rollout_ref.rollout.mode", "'remote'"),
     (["algorithm.adv_estimator=reinforce"], "algorithm.adv_estimator", "'reinforce'"),
     (["actor_rollout_ref.actor.loss_agg_mode=sum"], "actor_rollout_ref.actor.loss_agg_mode", "'sum'"),
-    (["trainer.logger=[wandb]"], "trainer.logger", "wandb"),
+    (["trainer.logger=[neptune]"], "trainer.logger", "neptune"),
     (["actor_rollout_ref.model.max_position_embeddings=32", "data.max_prompt_length=40",
       "data.max_response_length=6"], "actor_rollout_ref.model.max_position_embeddings", "32 < "),
     (["actor_rollout_ref.model.path=/some/hf/dir"], "actor_rollout_ref.model.path", "not a Hugging Face model directory"),
@@ -174,13 +175,21 @@ def test_mini_batch_must_cover_the_data_parallel_ranks():
 
 
 def _moe_dir(tmp_path, **extra):
-    """A directory with just a Qwen3-MoE config.json (validation reads nothing else)."""
+    """A Qwen3-MoE config.json, a placeholder weights file and the built-in tokenizer (validation
+    reads config.json and the tokenizer, and only looks for the weights file)."""
     import json
+    import shutil
+
+    from tandem.tasks.arithmetic import build_tokenizer
 
     (tmp_path / "config.json").write_text(json.dumps(dict(
         architectures=["Qwen3MoeForCausalLM"], num_attention_heads=4, num_key_value_heads=2, num_experts=4,
         vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=96, moe_intermediate_size=32,
         num_experts_per_tok=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000, **extra)))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    tok = build_tokenizer(str(tmp_path.parent / f"{tmp_path.name}-tokenizer"))
+    for name in os.listdir(tok):
+        shutil.copy(os.path.join(tok, name), tmp_path / name)
     return str(tmp_path)
 
 
@@ -246,10 +255,43 @@ def test_generation_tp_values():
     load_config(None, pp2 + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"])  # runs generate on copies
     load_config(None, pp2 + ["actor_rollout_ref.rollout.mode=standalone"])
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    for overrides in (tp2 + [f"{key}=4"],
-                      tp2 + [f"{key}=2", "actor_rollout_ref.rollout.mode=standalone"]):
-        msg = error_of(*overrides)
-        assert key in msg and "colocated" in msg and "standalone rollout at 1" in msg, msg
+    msg = error_of(*tp2, f"{key}=4")
+    assert key in msg and "colocated" in msg, msg
+    # a standalone rollout runs at its own TP: its world size a multiple of it, heads divisible
+    standalone = ["actor_rollout_ref.rollout.mode=standalone", "services.rollout.world_size=4"]
+    for tp in ("1", "2"):
+        load_config(None, standalone + [f"{key}={tp}"])
+    assert "services.rollout.world_size" in error_of(*standalone, "services.rollout.world_size=3", f"{key}=2")
+    msg = error_of(*standalone, f"{key}=3", "services.rollout.world_size=3")
+    assert key in msg and "num_attention_heads=4" in msg, msg
+
+
+@pytest.mark.parametrize("overrides,fragments", [
+    (["actor_rollout_ref.rollout.weight_sync.transport=carrier_pigeon"],
+     ["actor_rollout_ref.rollout.weight_sync.transport", "'carrier_pigeon'", "nccl", "stream"]),
+    (["actor_rollout_ref.rollout.weight_sync.chunk_mb=0"], ["actor_rollout_ref.rollout.weight_sync.chunk_mb", "(0, 256]"]),
+    (["actor_rollout_ref.rollout.weight_sync.chunk_mb=300"], ["weight_sync.chunk_mb"]),
+    (["actor_rollout_ref.rollout.weight_sync.bucket_mb=0"], ["actor_rollout_ref.rollout.weight_sync.bucket_mb"]),
+    (["actor_rollout_ref.rollout.weight_sync.timeout_s=0"], ["actor_rollout_ref.rollout.weight_sync.timeout_s"]),
+    (["services.rollout.replicas=0"], ["services.rollout.replicas", "1..64"]),
+    (["services.rollout.replicas=2", "services.rollout.endpoint=h:1"], ["services.rollout.endpoint", "1 endpoints"]),
+    (["services.rollout.devices=a,b"], ["services.rollout.devices", "GPU indices"]),
+    (["services.rollout.replicas=2", "services.rollout.devices=1,2,3"], ["services.rollout.devices", "3 GPUs"]),
+    (["services.actor.gpu_memory_fraction=1.5"], ["services.actor.gpu_memory_fraction", "(0, 1]"]),
+])
+def test_weight_sync_and_replica_keys(overrides, fragments):
+    msg = error_of("actor_rollout_ref.rollout.mode=standalone", *overrides)
+    assert all(f in msg for f in fragments), msg
+
+
+def test_weight_sync_and_replica_values_load():
+    cfg = load_config(None, ["actor_rollout_ref.rollout.mode=standalone", "services.rollout.replicas=2",
+                             "actor_rollout_ref.rollout.weight_sync.transport=nccl", "services.rollout.devices=1,2",
+                             "actor_rollout_ref.rollout.weight_sync.chunk_mb=0.5", "services.actor.gpu_memory_fraction=0.4"])
+    assert cfg.services.rollout.replicas == 2 and cfg.actor_rollout_ref.rollout.weight_sync.chunk_mb == 0.5
+    msg = error_of("services.rollout.replicas=2")  # colocated: the actor serves the rollout itself
+    assert "services.rollout.replicas" in msg and "standalone" in msg
+    assert "services.critic.replicas" in error_of("services.critic.replicas=2")
 
 
 def test_an_architecture_tandem_cannot_load_is_a_config_error(tmp_path):
@@ -258,5 +300,6 @@ def test_an_architecture_tandem_cannot_load_is_a_config_error(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 64}))
     msg = error_of(f"actor_rollout_ref.model.path={tmp_path}")
-    assert msg.startswith("actor_rollout_ref.model.path:") and "GPT2LMHeadModel" in msg
+    line = next(line for line in msg.splitlines() if "GPT2LMHeadModel" in line)
+    assert line.lstrip("- ").startswith("actor_rollout_ref.model.path:"), msg
     assert "LlamaForCausalLM" in msg  # the known architectures are listed

@@ -16,7 +16,18 @@ import pytest
 from tandem.algos import advantages, aggregate
 from tandem.algos import losses as algo_losses
 from tandem.config import ConfigError, MegatronConfig, TandemConfig, checks, load_config, validate
-from tandem.config.checks import actor, algorithm, memory, parallel, placement, reward, rollout, services, trainer
+from tandem.config.checks import (
+    actor,
+    algorithm,
+    files,
+    memory,
+    parallel,
+    placement,
+    reward,
+    rollout,
+    services,
+    trainer,
+)
 from tandem.config.model_file import check_model, check_moe
 
 A = "actor_rollout_ref"
@@ -79,7 +90,7 @@ def test_lists_kept_in_config_equal_the_controllers():
     from controller.tracking import KNOWN_LOGGERS
 
     assert trainer.LOGGERS == KNOWN_LOGGERS
-    assert error_of("trainer.logger=[wandb]").endswith("known: " + ", ".join(KNOWN_LOGGERS))
+    assert error_of("trainer.logger=[neptune]").endswith("known: " + ", ".join(KNOWN_LOGGERS))
     assert set(algorithm.FILTER_GROUPS_METRICS) == set(METRIC_COLUMNS)
 
 
@@ -105,11 +116,17 @@ def test_a_check_runs_on_its_own():
 
 
 def test_validate_runs_every_check():
-    """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's)."""
-    defined = {fn for module in (actor, algorithm, memory, parallel, placement, reward, rollout, services, trainer)
+    """A check_* function added to a topic module is in CHECKS (check_moe is per layout: check_parallel's;
+    check_data_files runs where the controller runs: tandem/config/paths.py)."""
+    import importlib
+    import pkgutil
+
+    modules = [importlib.import_module(f"tandem.config.checks.{m.name}") for m in pkgutil.iter_modules(checks.__path__)]
+    assert {actor, algorithm, files, memory, parallel, placement, reward, rollout, services, trainer} <= set(modules)  # control
+    defined = {fn for module in modules
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}
-    assert defined | {check_model} == set(checks.CHECKS)
+    assert defined | {check_model} == set(checks.CHECKS) | {files.check_data_files}
     assert len(checks.CHECKS) == len(set(checks.CHECKS))
 
 

@@ -25,6 +25,8 @@ def test_verl_offload_keys_load_for_actor_reference_and_critic():
     assert cfg.actor_rollout_ref.ref.megatron.param_offload
     assert not load_config(None, []).actor_rollout_ref.ref.megatron.param_offload  # off by default
     assert "actor_rollout_ref.ref.megatron.grad_offload" in error_of("actor_rollout_ref.ref.megatron.grad_offload=true")
+    msg = error_of("reward_model.megatron.param_offload=true")  # verl's key; the reward model is not offloaded
+    assert msg.startswith("reward_model.megatron.param_offload:") and "set false" in msg, msg
 
 
 def test_cpu_optimizer_offload_loads_with_what_megatron_needs():

@@ -94,6 +94,19 @@ def test_greedy_with_refill_equals_full_recompute(model, attention):
         assert n == 8 or seq[-1] == EOS
 
 
+@pytest.mark.parametrize("kv_bucket", [16, 32])
+def test_cpu_kv_bucket_gives_the_same_bits_as_128(model, kv_bucket):
+    """CPU decode attends over the cache rounded up to 16 positions (the default without graphs),
+    not 128: a multiple of the vector width only adds masked positions, whose zeros leave every
+    sum as it was. Tokens and log-probs are equal bit for bit (sampling consumes the bits)."""
+    params = SamplingParams(max_new_tokens=9, temperature=0.8, n=4, seed=5)
+    assert engine(model).kv_bucket == 16  # no CUDA graphs here
+    wide = engine(model, kv_bucket=128).generate(PROMPTS, params)
+    narrow = engine(model, kv_bucket=kv_bucket).generate(PROMPTS, params)
+    for field in ("responses", "response_mask", "rollout_log_probs"):
+        assert torch.equal(getattr(narrow, field), getattr(wide, field)), field
+
+
 def test_engine_is_reused_across_calls_and_sizes(model):
     e = engine(model, max_batch_size=4)
     params = SamplingParams(max_new_tokens=5, n=2, seed=3)

@@ -1,4 +1,5 @@
-"""HF <-> megatron conversion on tiny random Llama / Qwen2 models built locally (no downloads).
+"""HF <-> megatron conversion on tiny random Llama / Qwen2 / Qwen3 / Mistral models built locally
+(no downloads).
 
 TP=1 in-process (session fixture's 1-rank group); TP=2: tests/multirank/test_hf_convert_tp2.py.
 """
@@ -8,7 +9,7 @@ import pathlib
 import pytest
 import torch
 from hf_test_files import copy_with, hf_tensors, import_hf
-from tiny_hf import tiny_llama, tiny_qwen2
+from tiny_hf import tiny_llama, tiny_mistral, tiny_qwen2, tiny_qwen3
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ROPE = dict(rope_theta=500000.0)  # not the default 10000: a wrong rotary base must show
@@ -17,7 +18,8 @@ ROPE = dict(rope_theta=500000.0)  # not the default 10000: a wrong rotary base m
 @pytest.fixture(scope="module")
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    return {"llama": tiny_llama(root / "llama", **ROPE), "qwen2": tiny_qwen2(root / "qwen2", **ROPE)}
+    return {"llama": tiny_llama(root / "llama", **ROPE), "qwen2": tiny_qwen2(root / "qwen2", **ROPE),
+            "qwen3": tiny_qwen3(root / "qwen3", **ROPE), "mistral": tiny_mistral(root / "mistral", **ROPE)}
 
 
 def test_shape_from_hf_config(hf_dirs):
@@ -30,9 +32,16 @@ def test_shape_from_hf_config(hf_dirs):
     assert (q.num_key_value_heads, q.rms_norm_eps, q.vocab_size) == (2, 1e-5, 128)
     lm = shape_from_hf_config(json.loads((hf_dirs["llama"] / "config.json").read_text()))
     assert not lm.attention_bias and not lm.tie_word_embeddings
+    q3 = shape_from_hf_config(json.loads((hf_dirs["qwen3"] / "config.json").read_text()))
+    assert q3.qk_layernorm and q3.kv_channels == 32 != q3.hidden_size // q3.num_attention_heads and q3.moe is None
+    mi = shape_from_hf_config(json.loads((hf_dirs["mistral"] / "config.json").read_text()))
+    assert mi.kv_channels == 8 and not mi.qk_layernorm and not mi.attention_bias
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_logits_match_transformers_tp1(megatron_dist, hf_dirs, family):
     from transformers import AutoModelForCausalLM
 
@@ -52,7 +61,7 @@ def test_logits_match_transformers_tp1(megatron_dist, hf_dirs, family):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_round_trip_bit_exact_tp1(megatron_dist, hf_dirs, family, tmp_path):
     from tandem.convert.hf_export import export_hf
 
@@ -84,8 +93,12 @@ def test_refuses_unsupported_configs(hf_dirs):
     from tandem.models.registry import hf_config_from_shape, shape_from_hf_config
 
     base = json.loads((hf_dirs["llama"] / "config.json").read_text())
-    with pytest.raises(ValueError, match="MistralForCausalLM.*LlamaForCausalLM"):
-        shape_from_hf_config(dict(base, architectures=["MistralForCausalLM"]))
+    with pytest.raises(ValueError, match="GemmaForCausalLM.*LlamaForCausalLM"):
+        shape_from_hf_config(dict(base, architectures=["GemmaForCausalLM"]))
+    with pytest.raises(ValueError, match="sliding_window"):
+        shape_from_hf_config(dict(base, architectures=["MistralForCausalLM"], sliding_window=16))
+    with pytest.raises(ValueError, match="attention_bias"):
+        shape_from_hf_config(dict(base, architectures=["Qwen3ForCausalLM"], attention_bias=True))
     with pytest.raises(ValueError, match="head_dim"):
         shape_from_hf_config(dict(base, head_dim=32))
     with pytest.raises(ValueError, match="rope"):

@@ -15,7 +15,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = ("tandem", "services", "controller")
 V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", "tandem/serving/rollout_servicer.py",
-              "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
+              "tandem/serving/lifecycle_servicer.py", "controller/service/servicer.py", "controller/service/client.py",
+              "tandem/weights/wire.py", "tandem/weights/client.py", "tandem/weights/source_servicer.py",
+              "tandem/weights/streams.py", "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
               "tandem/reward/conformance.py"]
 
 
@@ -84,7 +86,7 @@ def megatron_modules_after(imports: str) -> list[str]:
 
 def test_controller_does_not_load_megatron():
     loaded = megatron_modules_after("import controller.run, controller.step, controller.launchers.local, "
-                                    "controller.__main__")
+                                    "controller.__main__, controller.service.server, controller.service.cli")
     assert loaded == [], f"importing the controller loaded {loaded[:10]}"
     # control: the same check does see megatron once something loads it
     assert "megatron.core" in megatron_modules_after("import controller.run, megatron.core")

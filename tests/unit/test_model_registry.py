@@ -18,7 +18,8 @@ def scratch_registry(monkeypatch):
 
 
 def mistral_family() -> registry.Family:
-    """A toy Mistral: Llama's weight table; its own config rules (no sliding window, no biases)."""
+    """A toy Mistral under a name of its own (the built-in one is families/mistral.py): Llama's
+    weight table; its own config rules (no sliding window, no biases)."""
 
     def shape_from_config(c: dict) -> ModelShape:
         if c.get("sliding_window") is not None:
@@ -26,20 +27,21 @@ def mistral_family() -> registry.Family:
         return _common.dense_shape(c, attention_bias=False)
 
     def check_shape(shape: ModelShape) -> None:
-        _common.check_dense_shape(shape, "MistralForCausalLM")
+        _common.check_dense_shape(shape, "ToyMistralForCausalLM")
         if shape.attention_bias:
             registry.refuse("attention_bias", True, "Mistral has no biases")
 
     def config_from_shape(shape: ModelShape, dtype: str) -> dict:
-        return dict(_common.base_config(shape, "MistralForCausalLM", "mistral", dtype), sliding_window=None)
+        return dict(_common.base_config(shape, "ToyMistralForCausalLM", "mistral", dtype), sliding_window=None)
 
-    return registry.Family("MistralForCausalLM", shape_from_config, check_shape, config_from_shape,
+    return registry.Family("ToyMistralForCausalLM", shape_from_config, check_shape, config_from_shape,
                            _common.dense_mappings)
 
 
 def test_built_in_families():
-    assert registry.architectures() == ["LlamaForCausalLM", "LlamaForSequenceClassification", "Qwen2ForCausalLM",
-                                        "Qwen2ForSequenceClassification", "Qwen3MoeForCausalLM"]
+    assert registry.architectures() == ["LlamaForCausalLM", "LlamaForSequenceClassification", "MistralForCausalLM",
+                                        "Qwen2ForCausalLM", "Qwen2ForSequenceClassification", "Qwen3ForCausalLM",
+                                        "Qwen3MoeForCausalLM"]
     dense = registry.shape_from_hf_config(LLAMA_CONFIG)
     assert registry.default_architecture(dense) == "LlamaForCausalLM"
     qwen2 = registry.shape_from_hf_config(dict(LLAMA_CONFIG, architectures=["Qwen2ForCausalLM"]))
@@ -48,25 +50,25 @@ def test_built_in_families():
 
 def test_a_family_registered_outside_the_package_is_served(scratch_registry):
     registry.register(mistral_family())
-    assert "MistralForCausalLM" in registry.architectures()
-    config = dict(LLAMA_CONFIG, architectures=["MistralForCausalLM"], sliding_window=None)
+    assert "ToyMistralForCausalLM" in registry.architectures()
+    config = dict(LLAMA_CONFIG, architectures=["ToyMistralForCausalLM"], sliding_window=None)
     shape = registry.shape_from_hf_config(config)
     assert shape == registry.shape_from_hf_config(LLAMA_CONFIG)
-    with pytest.raises(ValueError, match=r"sliding_window=4096 .*known architectures: \[.*'MistralForCausalLM'"):
+    with pytest.raises(ValueError, match=r"sliding_window=4096 .*known architectures: \[.*'ToyMistralForCausalLM'"):
         registry.shape_from_hf_config(dict(config, sliding_window=4096))
-    table = registry.weight_mappings(shape, architecture="MistralForCausalLM")
+    table = registry.weight_mappings(shape, architecture="ToyMistralForCausalLM")
     assert table == registry.weight_mappings(shape, architecture="LlamaForCausalLM")
     assert len(table) == 2 + 6 * shape.num_hidden_layers + 1  # embedding, final norm; 6 per layer; head
-    back = registry.hf_config_from_shape(shape, "MistralForCausalLM", dtype="bfloat16")
-    assert (back["architectures"], back["model_type"], back["dtype"]) == (["MistralForCausalLM"], "mistral", "bfloat16")
+    back = registry.hf_config_from_shape(shape, "ToyMistralForCausalLM", dtype="bfloat16")
+    assert (back["architectures"], back["model_type"], back["dtype"]) == (["ToyMistralForCausalLM"], "mistral", "bfloat16")
     assert registry.shape_from_hf_config(back) == shape
     with pytest.raises(ValueError, match="attention_bias=True"):
-        registry.hf_config_from_shape(ModelShape(attention_bias=True), "MistralForCausalLM")
+        registry.hf_config_from_shape(ModelShape(attention_bias=True), "ToyMistralForCausalLM")
 
 
 def test_duplicate_registration_raises(scratch_registry):
     registry.register(mistral_family())
-    with pytest.raises(ValueError, match="'MistralForCausalLM' is registered twice"):
+    with pytest.raises(ValueError, match="'ToyMistralForCausalLM' is registered twice"):
         registry.register(mistral_family())
     llama = registry.family("LlamaForCausalLM")
     with pytest.raises(ValueError, match="'LlamaForCausalLM' is registered twice"):
@@ -74,8 +76,8 @@ def test_duplicate_registration_raises(scratch_registry):
 
 
 def test_unknown_architecture_names_the_known_ones():
-    known = (r"known architectures: \['LlamaForCausalLM', 'LlamaForSequenceClassification', 'Qwen2ForCausalLM', "
-             r"'Qwen2ForSequenceClassification', 'Qwen3MoeForCausalLM'\]")
+    known = (r"known architectures: \['LlamaForCausalLM', 'LlamaForSequenceClassification', 'MistralForCausalLM', "
+             r"'Qwen2ForCausalLM', 'Qwen2ForSequenceClassification', 'Qwen3ForCausalLM', 'Qwen3MoeForCausalLM'\]")
     with pytest.raises(ValueError, match=r"architectures=\['GPT2LMHeadModel'\] \(exactly one known architecture "
                                          r"expected\); " + known):
         registry.shape_from_hf_config(dict(LLAMA_CONFIG, architectures=["GPT2LMHeadModel"]))

@@ -118,11 +118,50 @@ def test_math_boxed_correct(response: str, truth: str) -> None:
         (r"\boxed", "3"),
         (r"\boxed{}", ""),  # empty ground truth never gives a free 1.0
         (r"\boxed{2} no wait \boxed{3}", "2"),  # last box counts
-        (r"\boxed{2/4}", r"\frac{1}{2}"),  # string normalisation only, no sympy (documented)
     ],
 )
 def test_math_boxed_wrong_or_missing(response: str, truth: str) -> None:
     assert score_math_boxed([response], [truth]) == [0.0]
+
+
+# math-verify's equivalence: (boxed answer, ground truth, equal?). The issue's two cases first.
+MATH_VERIFY_TABLE = [
+    (r"2/4", r"\frac{1}{2}", True),
+    (r"3.0", "3", True),
+    (r"x+1", "1+x", True),
+    (r"\frac{\sqrt{2}}{2}", r"\frac{1}{\sqrt{2}}", True),
+    (r"0.50", r"\frac12", True),
+    (r"\dfrac{6}{8}", "0.75", True),
+    (r"2\pi", r"\pi \cdot 2", True),
+    (r"(1,2)", "(1, 2)", True),
+    (r"x^2+2x+1", r"(x+1)^2", True),
+    (r"1/3", "0.33", False),  # rounded is not equal
+    (r"2/4", r"\frac{1}{4}", False),
+    (r"3.01", "3", False),
+    (r"x-1", "1-x", False),
+    (r"\sqrt{2}", "2", False),
+    (r"(1,2)", "(2, 1)", False),
+    (r"x+1", "x+2", False),
+]
+
+
+@pytest.mark.parametrize(("answer", "truth", "same"), MATH_VERIFY_TABLE)
+def test_math_boxed_equivalence_by_math_verify(answer: str, truth: str, same: bool) -> None:
+    assert score_math_boxed([rf"so \boxed{{{answer}}}"], [truth]) == [1.0 if same else 0.0]
+
+
+def test_math_verify_runs_off_the_main_thread_and_long_answers_are_strings_only() -> None:
+    """The reward service scores on a worker thread: math-verify's signal timeouts must be off there."""
+    import threading
+
+    out = []
+    worker = threading.Thread(target=lambda: out.append(score_math_boxed([r"\boxed{2/4}"], [r"\frac{1}{2}"])))
+    worker.start()
+    worker.join(timeout=60)
+    assert out == [[1.0]]
+    long = "+".join(["1"] * 300)  # over MAX_VERIFY_CHARS: no sympy, string comparison only
+    assert score_math_boxed([rf"\boxed{{{long}}}"], ["300"]) == [0.0]
+    assert score_math_boxed([rf"\boxed{{{long}}}"], [long]) == [1.0]
 
 
 def test_math_helpers() -> None:

@@ -18,8 +18,8 @@ def _read_jsonl(path: str) -> list[dict]:
 
 
 def test_unknown_logger_lists_known(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"\['wandb'\].*console.*jsonl.*tensorboard"):
-        Tracking(str(tmp_path), ["jsonl", "wandb"], total_steps=3)
+    with pytest.raises(ValueError, match=r"\['neptune'\].*console.*jsonl.*tensorboard"):
+        Tracking(str(tmp_path), ["jsonl", "neptune"], total_steps=3)
 
 
 def test_jsonl_lines_read_back_equal(tmp_path) -> None:
@@ -135,3 +135,19 @@ def test_plot_errors(tmp_path) -> None:
     path.write_text('{"step": 1}\nnot json\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not valid JSON"):
         plot_run(str(path), str(tmp_path / "p.png"))
+
+
+def test_rewind_drops_later_steps_once_each(tmp_path) -> None:
+    """A run gone back to a checkpoint (crash recovery, resume after a crash): the lines of later
+    steps are dropped, a torn last line too, and the steps logged again appear once."""
+    t = Tracking(str(tmp_path), ["jsonl", "tensorboard"], total_steps=6)
+    for step in range(6):
+        t.log({"x": float(step)}, step=step)
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write('{"step": 6, "x": ')  # a crash mid-write
+    t.rewind(3)
+    t.log({"x": 40.0}, step=4)
+    t.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["x"]) for m in lines] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # the purge starts a new file

@@ -111,6 +111,9 @@ def test_decode_rejects_bad_batches():
         (data_pb2.Batch(tensors=[ok], columns=[data_pb2.Column(name="input_ids", values=["a", "b"])]),
          r"duplicate name 'input_ids'"),
     ]
+    nan_meta = data_pb2.Batch(tensors=[ok])
+    nan_meta.meta.update({"temperature": float("nan")})  # found by the fuzzer: JSON has no NaN
+    cases.append((nan_meta, r"meta: .*NaN"))
     for pb, message in cases:
         with pytest.raises(InvalidArgument, match=message):
             codec.decode_batch(pb)

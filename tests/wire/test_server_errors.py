@@ -220,3 +220,55 @@ def test_sigterm_stops_gracefully(tmp_path):
         await client.close()
     asyncio.run(main())
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handler removed again
+
+
+class Streamer:
+    """ActorService.StreamWeights yielding two messages (one pre-serialized), then failing as asked."""
+
+    def __init__(self):
+        from tandem.weights import wire
+
+        self.wire = wire
+
+    async def StreamWeights(self, request, context):
+        yield self.wire.end_message(1, 2)  # a message
+        yield self.wire.chunk_message(7, [b"abc"])  # bytes the servicer framed itself
+        if request.chunk_bytes == 1:
+            raise errors.InvalidArgument("chunk_bytes: one is too few")
+        if request.chunk_bytes == 2:
+            raise RuntimeError("boom in the stream")
+
+
+def test_server_streams_map_errors_after_their_messages(tmp_path):
+    from tandem.v1 import weights_pb2
+    from tandem.weights import wire
+
+    async def read(endpoint, chunk_bytes):
+        async with grpc.aio.insecure_channel(endpoint) as ch:
+            call = ch.unary_stream("/tandem.v1.ActorService/StreamWeights",
+                                   request_serializer=weights_pb2.StreamWeightsRequest.SerializeToString,
+                                   response_deserializer=wire.parse_stream_message)
+            got = []
+            try:
+                async for m in call(weights_pb2.StreamWeightsRequest(chunk_bytes=chunk_bytes), timeout=30):
+                    got.append((m[0], m[1]))
+            except grpc.aio.AioRpcError as e:
+                return got, e.code(), e.details()
+            return got, grpc.StatusCode.OK, ""
+
+    async def main():
+        async with running(tmp_path, [("tandem.v1.ActorService", Streamer())]) as endpoint:
+            first = [("end", 1), ("chunk", 7)]
+            assert await read(endpoint, 3) == (first, grpc.StatusCode.OK, "")
+            assert await read(endpoint, 1) == (first, grpc.StatusCode.INVALID_ARGUMENT, "chunk_bytes: one is too few")
+            got, code, details = await read(endpoint, 2)
+            assert (got, code) == (first, grpc.StatusCode.INTERNAL) and "RuntimeError: boom in the stream" in details
+            async with grpc.aio.insecure_channel(endpoint) as ch:  # garbage request bytes
+                call = ch.unary_stream("/tandem.v1.ActorService/StreamWeights")
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    async for _ in call(b"\x07garbage", timeout=30):
+                        pass
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "StreamWeightsRequest" in e.value.details()
+            assert await read(endpoint, 3) == (first, grpc.StatusCode.OK, "")  # and it still serves
+
+    asyncio.run(main())

@@ -1,25 +1,35 @@
-"""MATH-style reward: the last ``\\boxed{...}`` answer, compared after string normalisation.
+"""MATH-style reward: the last ``\\boxed{...}`` answer against the ground truth, with
+math-verify's equivalence (Hugging Face's ``math-verify``: LaTeX -> sympy, ``2/4`` ==
+``\\frac{1}{2}``, ``3.0`` == ``3``, ``x+1`` == ``1+x``, ``10\\%`` == ``0.1``... ).
 
-Follows verl's ``reward_score/math.py`` (Hendrycks MATH ``strip_string``): take
-the last ``\\boxed{...}`` (balanced braces; ``\\fbox{...}`` and the brace-less
-``\\boxed 5`` form also count), normalise both it and the ground truth, and
-compare strings. Equal -> 1.0, otherwise (including no box) -> 0.0.
+Extraction follows verl's ``reward_score/math.py`` (Hendrycks MATH): the last
+``\\boxed{...}`` (balanced braces; ``\\fbox{...}`` and the brace-less ``\\boxed 5``
+form also count); no box -> 0.0. The boxed answer is then equal (1.0) when its
+normalised string equals the normalised ground truth (verl's ``strip_string`` with
+the robustness changes below; cheap, and covers answers sympy cannot parse), or
+when math-verify finds the two equivalent.
 
-Differences from verl, all toward robustness: no ``assert``/exceptions on odd
+Robustness changes to the string normalisation: no ``assert``/exceptions on odd
 input (every helper returns its input unchanged when it cannot parse it), a
-trailing period is dropped, ``\\text{...}``/``\\mbox{...}`` wrappers are
-unwrapped and trailing units removed whatever their spacing, bare ``%``/``$``
-are dropped, and ``\\boxed 12`` takes one whitespace-delimited token rather than
-everything up to the next ``$``.
+trailing period is dropped, ``\\text{...}``/``\\mbox{...}`` wrappers are unwrapped
+and trailing units removed whatever their spacing, bare ``%``/``$`` are dropped,
+and ``\\boxed 12`` takes one whitespace-delimited token.
 
-Deliberately NOT done: symbolic equivalence (no sympy), so ``2/4`` vs
-``\\frac{1}{2}`` or ``x+1`` vs ``1+x`` are different answers. The only
-numeric special case is verl's own ``0.5`` -> ``\\frac{1}{2}``.
+math-verify runs on the reward service's worker thread, where its signal-based
+timeouts cannot work (they need the main thread): they are off, and an answer or
+ground truth longer than ``MAX_VERIFY_CHARS`` is compared as a string only, so a
+pathological expression cannot stall the service.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+from math_verify import parse, verify
+
+MAX_VERIFY_CHARS = 400
+logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeout is disabled" on every call
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 _TEXT_COMMANDS = ("\\text", "\\textbf", "\\mbox")
@@ -126,12 +136,24 @@ def normalize_answer(s: str) -> str:
     return _fix_a_slash_b(s)
 
 
+def equivalent(answer: str, ground_truth: str) -> bool:
+    """The boxed `answer` and the ground truth are the same answer (see the module docstring)."""
+    expected = normalize_answer(ground_truth)
+    if expected == "":
+        return False
+    if normalize_answer(answer) == expected:
+        return True
+    if len(answer) > MAX_VERIFY_CHARS or len(ground_truth) > MAX_VERIFY_CHARS:
+        return False
+    gold = parse(f"${ground_truth}$", parsing_timeout=None)
+    pred = parse(f"\\boxed{{{answer}}}", parsing_timeout=None)
+    return bool(gold and pred and verify(gold, pred, timeout_seconds=None))
+
+
 def score_math_boxed(responses: list[str], ground_truths: list[str], **kw: Any) -> list[float | None]:
-    """1.0 where the last boxed answer equals the ground truth after normalisation, else 0.0."""
+    """1.0 where the last boxed answer is equivalent to the ground truth, else 0.0."""
     scores: list[float | None] = []
     for response, ground_truth in zip(responses, ground_truths, strict=True):
         answer = last_boxed_content(response)
-        expected = normalize_answer(ground_truth)
-        ok = answer is not None and expected != "" and normalize_answer(answer) == expected
-        scores.append(1.0 if ok else 0.0)
+        scores.append(1.0 if answer is not None and equivalent(answer, ground_truth) else 0.0)
     return scores

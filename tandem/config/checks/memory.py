@@ -23,6 +23,9 @@ def check_memory(cfg: TandemConfig) -> None:
     a = cfg.actor_rollout_ref.actor
     _check_optimizer_override("actor_rollout_ref.actor", a.optim, a.megatron)
     _check_optimizer_override("critic", cfg.critic.optim, cfg.critic.megatron)
+    for name in ("param_offload", "grad_offload", "optimizer_offload"):  # reward_model.megatron shares the type
+        check(not getattr(cfg.reward_model.megatron, name), f"reward_model.megatron.{name}",
+              "the reward model is not offloaded (it is forward-only and lives in the reward service); set false")
 
 
 def _check_optimizer_override(section: str, optim: OptimConfig, m: MegatronConfig) -> None:

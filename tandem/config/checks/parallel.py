@@ -34,6 +34,9 @@ def _check_role(cfg: TandemConfig, role: str, key: str, m: MegatronConfig, hf: d
     check(world >= 1 and world % (tp * pp * ep) == 0, f"services.{role}.world_size",
           f"{world} is not a multiple of tensor x pipeline x expert parallel = {tp} x {pp} x {ep}")
     check_moe(key, m, hf)
+    check(role != "actor" or pp == 1 or cfg.actor_rollout_ref.model.path is None, f"{key}.pipeline_model_parallel_size",
+          f"{pp} with actor_rollout_ref.model.path: Hugging Face weights import at pipeline_model_parallel_size=1 "
+          "only (tandem/convert/hf_load.py); use tensor_model_parallel_size, or PP with the built-in shape")
     dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
     n = cfg.actor_rollout_ref.rollout.n
     section = "actor_rollout_ref.actor" if role == "actor" else "critic"
@@ -62,10 +65,10 @@ def _check_generation(cfg: TandemConfig) -> None:
           "standalone (a colocated rollout generates on each data-parallel rank on its own, but expert-parallel "
           "ranks must run every forward together)")
     rollout_tp, actor_tp = a.rollout.tensor_model_parallel_size, a.actor.megatron.tensor_model_parallel_size
-    check(rollout_tp in (None, 1, actor_tp) and (rollout_tp in (None, 1) or a.rollout.mode == "colocated"),
+    check(a.rollout.mode == "standalone" or rollout_tp in (None, 1, actor_tp),
           "actor_rollout_ref.rollout.tensor_model_parallel_size",
           f"{rollout_tp}: a colocated rollout generates at the actor's TP ({actor_tp}, null) or at 1 "
-          "(a TP=1 copy on every rank); a standalone rollout at 1")
+          "(a TP=1 copy on every rank)")
     check(cfg.services.rollout.world_size >= 1, "services.rollout.world_size", "must be >= 1")
     pp = a.actor.megatron.pipeline_model_parallel_size
     check(pp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,

@@ -1,0 +1,22 @@
+"""A submission checked before anything is queued: the config (YAML text + dotted overrides)
+loads and validates, and the files it names exist here -> the run's record.
+
+Every problem is a ConfigError naming the dotted key (unknown key, wrong type, impossible
+layout, missing data file); the servicer answers INVALID_ARGUMENT with it and queues nothing.
+"""
+from __future__ import annotations
+
+import time
+
+from controller.run_dir import new_run_id
+from controller.service.records import RunRecord
+from tandem.config import load_config, to_yaml
+from tandem.config.paths import check_paths
+
+
+def new_record(config_yaml: str, overrides: list[str], source: str = "") -> RunRecord:
+    cfg = load_config(text=config_yaml, overrides=overrides)
+    check_paths(cfg)
+    return RunRecord(id=new_run_id(cfg), state="queued", config_yaml=to_yaml(cfg), created=time.time(),
+                     source=source, overrides=list(overrides), experiment=cfg.trainer.experiment_name,
+                     total_steps=cfg.trainer.total_training_steps)

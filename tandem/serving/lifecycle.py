@@ -1,0 +1,264 @@
+"""A long-lived service's hold on one run: Configure builds it on every rank, Release drops it.
+
+`RankHost` is every rank's "lifecycle" target in the rank group: it loads the run's config,
+seeds, builds the role's workers (`Role.build`) and registers them as rank-group targets;
+release drops them, collects garbage and empties the device cache. `RunHost` (rank 0) owns
+the rank group: on Configure it (re)starts the ranks when the run needs another world size or
+TP x PP x EP layout (rank 0 stops its children, re-initialises torch.distributed and
+megatron's parallel_state, and starts new children), broadcasts the configure command,
+and builds the servicers the gRPC proxies forward to (tandem/serving/slot.py).
+
+Everything here runs on the service's WorkerThread (model work is serialised with the
+RPCs), except `interrupt` and `describe`, which answer from the event loop at once.
+
+Deliberately not here: the gRPC edge (lifecycle_servicer.py), process arguments (process.py).
+"""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from tandem.config import load_config
+from tandem.generation import interrupt
+from tandem.logging import configure_logging, get_logger
+from tandem.parallel import device
+from tandem.parallel.layout import ParallelConfig, init_distributed
+from tandem.rpc.errors import FailedPrecondition
+from tandem.serving.role import Built, Role
+
+LIFECYCLE = "lifecycle"  # the rank-group target every rank has
+RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
+PARENT_ENV = "TANDEM_RANK0_PID"  # set for the ranks rank 0 starts: they die with it
+_log = get_logger("tandem.serving.lifecycle")
+
+
+class RankHost:
+    """One rank's share of the held run."""
+
+    def __init__(self, role: Role, rank: int):
+        self.role, self.rank = role, rank
+        self.group = None  # the RankGroup whose targets this host fills (None: no ranks)
+        self.built: Built | None = None
+
+    def configure(self, run_id: str, config_yaml: str) -> int:
+        """Build this rank's workers for the run -> this process's pid."""
+        cfg = load_config(text=config_yaml)
+        configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
+        section = self.role.section(cfg)
+        torch.set_num_threads(max(1, section.torch_threads))
+        if self.role.ranked(cfg):  # the same weights as a service started for this run alone
+            device.manual_seed(self.role.seed(cfg))
+            # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU
+            device.set_memory_fraction(section.gpu_memory_fraction or 1.0)
+        self.built = self.role.build(cfg)
+        if self.group is not None:
+            self.group.targets.update(self.built.targets)
+        _log.info("run.configured", run=run_id, pid=os.getpid())
+        return os.getpid()
+
+    def release(self) -> int:
+        """Drop this rank's workers (model, optimizer, KV cache) and free their memory -> pid."""
+        if self.built is not None:
+            for close in self.built.closers:
+                close()
+            if self.group is not None:
+                for name in self.built.targets:
+                    self.group.targets.pop(name, None)
+        self.built = None
+        torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
+        gc.collect()
+        device.empty_cache()
+        configure_logging(role=self.role.name, rank=self.rank, run_id=None)
+        return os.getpid()
+
+
+class RunHost:
+    """Rank 0: the held run, the rank group and its child processes."""
+
+    def __init__(self, role: Role):
+        self.role = role
+        self.rank_host = RankHost(role, rank=0)
+        self.group = None
+        self.children: list[subprocess.Popen] = []
+        self.stopping = threading.Event()  # set before this process stops its children on purpose
+        self.store = None  # the TCPStore rank 0 opened for its children (kept open while they live)
+        self.external = False  # the ranks were started by someone else: their layout cannot change
+        self.layout: tuple[int, ParallelConfig] | None = None
+        self.run_id: str | None = None
+        self.pending: str | None = None  # a Configure on its way (set on the event loop)
+        self.servicers: dict[str, Any] = {}
+        self.ranked_run = False  # the held run is served by the rank group (else by rank 0 alone)
+        self.check_caller = True  # refuse calls tagged with another run's x-run-id (slot.py)
+
+    @property
+    def holder(self) -> str | None:
+        return self.run_id or self.pending
+
+    @property
+    def pids(self) -> list[int]:
+        return [os.getpid()] + [c.pid for c in self.children]
+
+    # ---- on the worker thread ----------------------------------------------------------
+
+    def configure(self, run_id: str, config_yaml: str, thread) -> tuple[list[int], bool]:
+        """Take the run -> (its rank pids, whether the ranks were restarted for its layout)."""
+        cfg = load_config(text=config_yaml)  # ConfigError: the servicer answers INVALID_ARGUMENT
+        restarted = False
+        interrupt.clear()
+        self.ranked_run = self.role.ranked(cfg)
+        if self.ranked_run:
+            world, parallel = self.role.layout(cfg)
+            self.role.check_layout(cfg)
+            if self.layout != (world, parallel):
+                if self.external:
+                    raise FailedPrecondition(
+                        f"this {self.role.name} service's ranks were started separately as world size "
+                        f"{self.layout[0]}, {self.layout[1]}; the run needs {world}, {parallel}")
+                restarted = self.layout is not None
+                self.start_group(world, parallel)
+            try:
+                pids = self.group.run_ranks(LIFECYCLE, "configure", [(run_id, config_yaml)] * self.group.world)
+            except BaseException:
+                self._release_ranks()
+                raise
+        else:
+            pids = [self.rank_host.configure(run_id, config_yaml)]
+        self.servicers = self.role.servicers(cfg, self.rank_host.built, self.group, thread)
+        self.run_id = run_id
+        return pids, restarted
+
+    def release(self) -> str | None:
+        """Give the run back -> its id (None when nothing was held)."""
+        held, self.run_id, self.servicers = self.run_id, None, {}
+        self._release_ranks()
+        interrupt.clear()
+        _log.info("run.released", run=held)
+        return held
+
+    def _release_ranks(self) -> None:
+        if self.ranked_run and self.group is not None:
+            self.group.run_ranks(LIFECYCLE, "release", [()] * self.group.world)
+        else:
+            self.rank_host.release()
+
+    def start_group(self, world: int, parallel: ParallelConfig) -> None:
+        """(Re)start the rank group: `world` processes (this one and world - 1 children) in
+        torch.distributed, megatron's parallel_state laid out as `parallel`."""
+
+        self.stop_group()
+        if world > 1:  # a TCPStore on a free port of this host; the children connect to it
+            self.store = torch.distributed.TCPStore("127.0.0.1", 0, world, is_master=True,
+                                                    timeout=RENDEZVOUS_TIMEOUT, wait_for_workers=False)
+            self.children = [_start_rank(self.role.name, rank, world, parallel, self.store.port)
+                             for rank in range(1, world)]
+            self.stopping = threading.Event()
+            threading.Thread(target=_exit_when_a_rank_dies, args=(self.children, self.stopping), daemon=True,
+                             name="rank-watch").start()
+        self.attach_group(world, parallel, self.store)
+        self.external = False
+        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
+
+    def attach_group(self, world: int, parallel: ParallelConfig, store) -> None:
+        """Join the ranks as rank 0 through `store` (ranks started separately: their layout stays)."""
+        from tandem.serving.rank_group import RankGroup
+
+        init_distributed(parallel, rank=0, world_size=world, store=store, seed=0)
+        self.group = RankGroup({LIFECYCLE: self.rank_host})
+        self.rank_host.group = self.group
+        self.layout, self.external = (world, parallel), True
+
+    def stop_group(self) -> None:
+        """Stop the children and tear down torch.distributed and parallel_state (no-op without ranks)."""
+        if self.group is None:
+            return
+        from megatron.core import parallel_state as ps
+
+        self.stopping.set()  # the children exit on purpose now
+        self.group.stop()
+        for child in self.children:
+            try:
+                child.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        ps.destroy_model_parallel()
+        torch.distributed.destroy_process_group()
+        self.group = self.rank_host.group = self.store = None
+        self.children, self.layout = [], None
+
+    # ---- on the event loop -------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """The held run is being cancelled: cut its generations (tandem/generation/interrupt.py)."""
+        interrupt.request()
+
+    def describe(self) -> dict:
+        world, parallel = self.layout or (1, ParallelConfig())
+        return {"role": self.role.name, "run_id": self.run_id or "", "world_size": world, "pids": self.pids,
+                "tensor_parallel": parallel.tp, "pipeline_parallel": parallel.pp,
+                "expert_parallel": parallel.ep, "tensor_bytes": live_tensor_bytes(),
+                "interrupted": interrupt.requested()}
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of the distinct storages of every live torch tensor in this process: what a held
+    run keeps (models, optimizer state, KV cache), close to 0 once it is released."""
+    seen: set[int] = set()
+    total = 0
+    for obj in gc.get_objects():
+        if not issubclass(type(obj), torch.Tensor):  # type(): isinstance would ask lazy modules for __class__
+            continue
+        try:
+            storage = obj.untyped_storage()
+            ptr = storage.data_ptr()
+        except (RuntimeError, NotImplementedError):  # meta, sparse and other storage-less tensors
+            continue
+        if ptr and ptr not in seen:
+            seen.add(ptr)
+            total += storage.nbytes()
+    return total
+
+
+def _exit_when_a_rank_dies(children: list[subprocess.Popen], stopping: threading.Event) -> None:
+    """Rank 0: exit at once when a child rank exits unasked (killed, OOM, crashed), instead of
+    hanging in the next collective; the other ranks follow through PR_SET_PDEATHSIG."""
+    from tandem.serving.rank_group import exit_rank_lost
+
+    while not stopping.is_set():
+        for rank, proc in enumerate(children, start=1):
+            if proc.poll() is not None and not stopping.is_set():
+                exit_rank_lost(rank=rank, pid=proc.pid, returncode=proc.returncode)
+        time.sleep(0.1)
+
+
+def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", f"services.{role}", "--rank", str(rank), "--world-size", str(world),
+           "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
+    env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
+               **{PARENT_ENV: str(os.getpid())})
+    # no preexec_fn: Python code between fork and exec in a process with gRPC's threads crashed
+    # the child (SIGSEGV) now and then; the child asks to die with its parent itself (die_with_parent)
+    return subprocess.Popen(cmd, env=env)
+
+
+def die_with_parent() -> None:
+    """In a rank started by rank 0: get SIGKILL when rank 0 exits (PR_SET_PDEATHSIG), and exit at
+    once if it already has."""
+    import ctypes
+
+    parent = int(os.environ.get(PARENT_ENV, "0"))
+    if not parent:
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # rank 0 died before the request took effect
+        os._exit(1)

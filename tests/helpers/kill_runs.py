@@ -1,0 +1,75 @@
+"""`tandem run` as a child process that the test kills a service of (kill -9) mid-run, and the
+metrics it logged. Shared by the crash-recovery tests (tests/e2e/test_recovery.py)."""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+COUNTED = {"perf/total_num_tokens"}  # the one perf/ figure that is not wall-clock, rate or memory
+
+
+def compared(key: str) -> bool:
+    """Not a wall-clock time, rate or memory figure (those differ between any two runs)."""
+    return not key.startswith("timing_s/") and (not key.startswith("perf/") or key in COUNTED)
+
+
+def step_metrics(run_dir) -> dict[int, dict]:
+    """{step: that step's line without wall-clock or memory keys} of the RL step lines of metrics.jsonl
+    (one line per step: a recovered run's lines of redone steps replaced the old ones)."""
+    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [m["step"] for m in lines if "actor/pg_loss" in m]
+    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    return {m["step"]: {k: v for k, v in m.items() if compared(k)}
+            for m in lines if "actor/pg_loss" in m}
+
+
+def rank_pids(run_dir, role: str) -> dict[int, int]:
+    """{rank: pid} of the live processes of `role`'s service, from its log's `service.process`
+    lines (the latest start of each rank)."""
+    pids: dict[int, int] = {}
+    log = os.path.join(run_dir, "logs", f"{role}.log")
+    if os.path.exists(log):
+        for line in open(log, errors="replace"):
+            if '"service.process"' in line:
+                event = json.loads(line)
+                pids[event["rank"]] = event["pid"]
+    return pids
+
+
+def logged_steps(run_dir) -> list[int]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    return [json.loads(x)["step"] for x in open(path) if x.strip() and "actor/pg_loss" in x]
+
+
+def run_and_kill(overrides: list[str], role: str, rank: int, after_step: int,
+                 timeout_s: float = 400) -> tuple[int, str, str, str, int]:
+    """Start `tandem run`, SIGKILL rank `rank` of `role`'s service as soon as step `after_step`
+    is logged, wait for the run to end -> (exit code, stdout, stderr, run dir, killed pid)."""
+    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", *overrides],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout_s
+    run_dir, killed, out = None, 0, ""
+    try:
+        while run_dir is None:  # the first stdout line names the run directory
+            line = proc.stdout.readline()
+            out += line
+            found = re.search(r"tandem: run directory (\S+)", line)
+            run_dir = found.group(1) if found else None
+            assert line or proc.poll() is None, f"run ended before it began:\n{out}\n{proc.stderr.read()[-3000:]}"
+        while not killed:
+            assert time.monotonic() < deadline and proc.poll() is None, "run ended before the kill"
+            if any(s >= after_step for s in logged_steps(run_dir)):
+                killed = rank_pids(run_dir, role)[rank]
+                os.kill(killed, signal.SIGKILL)
+            time.sleep(0.02)
+        rest, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, out + rest, err, run_dir, killed
