@@ -68,8 +68,9 @@ class RankHost:
     def release(self) -> int:
         """Drop this rank's workers (model, optimizer, KV cache) and free their memory -> pid."""
         if self.built is not None:
-            for close in self.built.closers:
-                close()
+            closers = self.built.closers
+            while closers:  # popped: no loop variable keeps a closer's object alive past the collect below
+                closers.pop(0)()
             if self.group is not None:
                 for name in self.built.targets:
                     self.group.targets.pop(name, None)
