@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -58,7 +59,7 @@ from tandem.logging import configure_logging  # noqa: E402
 
 A = "actor_rollout_ref.actor"
 GIB = 1024 ** 3
-PHASES = ["gen", "reward_logprob_values", "adv", "update_actor_critic"]
+PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # timing_s/<phase> (verl's names)
 
 
 def overrides(a, cuda: bool) -> list[str]:
@@ -106,7 +107,7 @@ class HostPeaks(threading.Thread):
             self.machine_gb = max(self.machine_gb, psutil.virtual_memory().used / GIB)
 
 
-async def run_steps(cfg, run_dir: str, steps: int) -> tuple[list[dict], dict]:
+async def run_steps(cfg, run_dir: str, steps: int, out_json: str) -> tuple[list[dict], dict]:
     from transformers import AutoTokenizer
 
     run_id = os.path.basename(run_dir)
@@ -124,7 +125,7 @@ async def run_steps(cfg, run_dir: str, steps: int) -> tuple[list[dict], dict]:
         started = asyncio.create_task(endpoints(launcher, roles, {}))
         await asyncio.sleep(0)
         peaks.start()
-        clients = await connect(cfg, await started, run_id)
+        clients = await connect(cfg, await started, run_id, tokenizer.pad_token_id)
         setup["services_start_s"] = time.perf_counter() - t0
         ctx = StepContext(clients, cfg, tokenizer, get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon))
         for step in range(1, steps + 1):
@@ -134,6 +135,14 @@ async def run_steps(cfg, run_dir: str, steps: int) -> tuple[list[dict], dict]:
             metrics.update(host_services_peak_gb=peaks.services_gb, host_machine_peak_gb=peaks.machine_gb)
             out.append(metrics)
             print(step_line(step, metrics), flush=True)
+            with open(out_json, "w") as f:  # what finished so far, should a later step fail
+                json.dump({"steps": out, "setup": setup, "run_dir": run_dir}, f, indent=1)
+    except BaseException as e:  # say where it stopped, with the actor's last words, then fail
+        log = launcher.logs.get("actor")
+        tail = open(log, errors="replace").read()[-6000:] if log and os.path.isfile(log) else "(no actor log)"
+        print(f"run stopped after {len(out)} step(s): {type(e).__name__}: {e}\n--- actor log tail ({log}):\n{tail}",
+              flush=True)
+        raise
     finally:
         peaks.stopped.set()
         if clients is not None:
@@ -153,6 +162,26 @@ def step_line(step: int, m: dict) -> str:
             f"response_length/mean {m.get('response_length/mean', 0):.0f}")
 
 
+def preflight(a) -> bool:
+    """megatron's CPU optimizer offload on this GPU at the tiny shape first (a GRPO step through the
+    actor, bench/offload.py's `all+cpu_adam`, ~30 s): a failure costs that, not the 7B run."""
+    tiny = os.path.join(tempfile.gettempdir(), "tandem-qwen-tiny")
+    make_checkpoint(tiny, "tiny")
+    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "offload.py"),
+           "--out", os.path.join(a.out, "preflight"), "--shape", "tiny", f"--checkpoint={tiny}", "--prompts", "4",
+           "--n", "2", "--new-tokens", "8", "--warmup", "1", "--steps", "1", "--one", "all+cpu_adam"]
+    t = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=300)
+    if proc.returncode != 0:
+        print(f"preflight failed: the CPU optimizer offload does not run here (rc {proc.returncode}); no 7B run.\n"
+              f"{proc.stderr[-6000:]}\nrerun with --fraction 0 to try without it (at 7B the training phase then "
+              "needs the whole optimizer on the GPU)", flush=True)
+        return False
+    print(f"preflight: a tiny GRPO step with the CPU optimizer offload ran on this GPU ({time.perf_counter() - t:.0f} s)",
+          flush=True)
+    return True
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shape", default="7b", choices=["7b", "1.5b", "tiny"])
@@ -166,15 +195,20 @@ def main() -> int:
     p.add_argument("--fraction", type=float, default=0.4, help="share of Adam on the CPU (GPU runs)")
     p.add_argument("--threads", type=int, default=12, help="actor torch threads (the CPU Adam uses them)")
     p.add_argument("--startup-timeout", type=float, default=600)
+    p.add_argument("--no-preflight", action="store_true", help="skip the tiny CPU-optimizer-offload check")
     p.add_argument("--no-offload", action="store_true", help="no offload settings (a baseline; does not fit at 7B)")
-    p.add_argument("--json", help="also write the per-step metrics here")
+    p.add_argument("--out", required=True, help="directory for grpo_7b.json (after every step) and grpo_7b.md")
     a = p.parse_args()
+    os.makedirs(a.out, exist_ok=True)
     a.mini = a.mini or max(1, a.prompts // 2)
     a.checkpoint = a.checkpoint or os.path.join(tempfile.gettempdir(), f"tandem-qwen-{a.shape}")
     cuda = torch.cuda.is_available()
     configure_logging(role="controller", level="WARNING")
     t0 = time.perf_counter()
+    if cuda and not a.no_offload and a.fraction > 0 and not a.no_preflight and not preflight(a):
+        return 2
     info = make_checkpoint(a.checkpoint, a.shape)
+    checkpoint_s = time.perf_counter() - t0
     print(f"checkpoint {info['path']}: {info['bytes'] / 1e9:.1f} GB, "
           f"{'kept' if info['kept'] else 'written'} in {time.perf_counter() - t0:.1f} s", flush=True)
     tmp = tempfile.mkdtemp(prefix="tandem-grpo7b-")
@@ -182,24 +216,29 @@ def main() -> int:
     cfg, run_dir = create_run_dir(load_config(None, [f"trainer.default_local_dir={tmp}",
                                                      "trainer.experiment_name=grpo_7b", *keys]))
     print(f"run directory {run_dir}; overrides: {' '.join(keys)}", flush=True)
-    steps, setup = asyncio.run(run_steps(cfg, run_dir, a.steps))
+    out_json = os.path.join(a.out, "grpo_7b.json")
+    steps, setup = asyncio.run(run_steps(cfg, run_dir, a.steps, out_json))
+    with open(out_json, "w") as f:
+        json.dump({"steps": steps, "setup": {k: v for k, v in setup.items()}, "overrides": keys,
+                   "checkpoint_s": checkpoint_s, "wall_s": time.perf_counter() - t0}, f, indent=1)
     gpu = torch.cuda.get_device_name() if cuda else "no GPU"
     print(f"\nmachine: {gpu}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB host memory, "
           f"torch {torch.__version__}, Python {platform.python_version()}")
     wall = time.perf_counter() - t0
     print(f"wall {wall:.0f} s: {wall - sum(m['timing_s/step'] for m in steps):.0f} s outside the steps (checkpoint, "
           f"services up in {setup['services_start_s']:.0f} s: model build and load), then the steps")
-    print("| step | s | gen s | log-probs s | update s | GPU peak alloc GiB | GPU peak reserved GiB | actor RSS GiB "
-          "| host peak (services) GiB | host peak (machine) GiB |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    lines = ["| step | s | " + " | ".join(f"{p} s" for p in PHASES) + " | GPU peak alloc GiB | GPU peak reserved GiB "
+             "| actor RSS GiB | host peak (services) GiB | host peak (machine) GiB |",
+             "| ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " | ---: | ---: | ---: | ---: | ---: |"]
     for i, m in enumerate(steps, 1):
-        print(f"| {i} | {m['timing_s/step']:.1f} | {m['timing_s/gen']:.1f} | {m['timing_s/reward_logprob_values']:.1f} "
-              f"| {m['timing_s/update_actor_critic']:.1f} | {m.get('perf/max_memory_allocated_gb', 0):.1f} "
-              f"| {m.get('perf/max_memory_reserved_gb', 0):.1f} | {m.get('perf/cpu_memory_used_gb', 0):.1f} "
-              f"| {m['host_services_peak_gb']:.1f} | {m['host_machine_peak_gb']:.1f} |")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"steps": steps, "setup": setup, "overrides": keys}, f, indent=1)
+        lines.append(f"| {i} | {m['timing_s/step']:.1f} | "
+                     + " | ".join(f"{m.get(f'timing_s/{p}', 0):.1f}" for p in PHASES)
+                     + f" | {m.get('perf/max_memory_allocated_gb', 0):.1f} | {m.get('perf/max_memory_reserved_gb', 0):.1f}"
+                     f" | {m.get('perf/cpu_memory_used_gb', 0):.1f} | {m['host_services_peak_gb']:.1f}"
+                     f" | {m['host_machine_peak_gb']:.1f} |")
+    print("\n".join(lines), flush=True)
+    with open(os.path.join(a.out, "grpo_7b.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
     return 0 if len(steps) == a.steps else 1
 
 
