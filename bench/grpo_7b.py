@@ -7,7 +7,7 @@ peak GPU and host memory and the step time, from checkpoint to the last step in 
 1. bench/make_checkpoint.py writes the random-init bf16 checkpoint (15 GB at 7B; kept if present).
 2. The actor (colocated: it serves RolloutService on the policy's own weights) and the reward
    service start as `tandem run` starts them (the local launcher, real processes, real gRPC).
-3. `--steps` RL steps of controller.step.ppo_step (the controller's own step) on the built-in
+3. `--steps` RL steps of tandem.controller.step.ppo_step (the controller's own step) on the built-in
    arithmetic prompts: n samples per prompt, `--new-tokens` new tokens (a random model rarely
    stops early), reward, old and reference log-probs, the update. No SFT, no validation and no
    final checkpoint (a 7B actor's checkpoint with optimizer state is ~120 GB).
@@ -46,13 +46,14 @@ import psutil
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tandem.controller.data import Cursor, collate, load_examples  # noqa: E402
+from tandem.controller.launchers import LaunchContext, endpoints  # noqa: E402
+from tandem.controller.launchers.local import LocalLauncher  # noqa: E402
+from tandem.controller.roles import connect, needed_roles  # noqa: E402
+from tandem.controller.run_dir import create_run_dir  # noqa: E402
+from tandem.controller.step import StepContext, ppo_step  # noqa: E402
+
 from bench.make_checkpoint import make_checkpoint  # noqa: E402
-from controller.data import Cursor, collate, load_examples  # noqa: E402
-from controller.launchers import LaunchContext, endpoints  # noqa: E402
-from controller.launchers.local import LocalLauncher  # noqa: E402
-from controller.roles import connect, needed_roles  # noqa: E402
-from controller.run_dir import create_run_dir  # noqa: E402
-from controller.step import StepContext, ppo_step  # noqa: E402
 from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.config import load_config  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402

@@ -101,10 +101,10 @@ def grpo_advantages(rows: int, n: int, mask: torch.Tensor, seed: int) -> torch.T
 
 def run_variant(args, variant: str) -> dict:
     """In this process: build the actor, run the steps -> the variant's figures."""
+    from tandem.services.actor import hybrid
+    from tandem.services.actor.front import ActorFront
     from transformers import AutoTokenizer
 
-    from services.actor import hybrid
-    from services.actor.front import ActorFront
     from tandem.data.batch import DataProto
     from tandem.generation.sampling import SamplingParams
     from tandem.parallel import device

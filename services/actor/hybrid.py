@@ -17,7 +17,8 @@ computes) the engine is released; the next generation captures again.
 """
 from __future__ import annotations
 
-from services.actor.worker import ActorWorker
+from tandem.services.actor.worker import ActorWorker
+
 from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.replica import ReplicaRollout

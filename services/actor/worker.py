@@ -10,8 +10,8 @@ from __future__ import annotations
 import functools
 
 import torch
+from tandem.services.actor.memory import actor_memory
 
-from services.actor.memory import actor_memory
 from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import OptimConfig, TandemConfig
