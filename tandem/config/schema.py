@@ -94,7 +94,8 @@ class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
     chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
     streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
     bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
-    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous (at most 600: the source's cap)
+    store_hosts: list[str] = field(default_factory=list)  # the actor: rendezvous hosts it joins besides a caller's own
 
 
 @dataclass
