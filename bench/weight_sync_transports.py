@@ -274,8 +274,8 @@ def run_transports(a) -> None:
     where = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if device.has_cuda()
              else f"CPU ({os.cpu_count()} cores)")
     print(f"\n- machine: {where}, torch {torch.__version__}, megatron-core {megatron.core.__version__}; "
-          f"mean of {a.reps} syncs after a warm-up; {a.streams} streams of {a.chunk_mb:g} MiB chunks, collective buckets "
-          f"{a.bucket_mb} MiB; transfer: moving the bytes into the staging buffer (the sync also reads the "
+          f"mean of {a.reps} syncs after a warm-up; {a.streams} streams of {a.chunk_mb:g} MiB chunks, collective "
+          f"buckets {a.bucket_mb} MiB; transfer: moving the bytes into the staging buffer (the sync also reads the "
           "manifest, checks and swaps); transfer / loopback TCP: the median over the syncs of the stream's transfer "
           "GB/s over that of a plain TCP transfer of the same bytes (up to 1 GiB) from one buffer into another, and "
           "over that of 1 MiB sent again and again (hot in cache: the link's peak), both between two processes on "

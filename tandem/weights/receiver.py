@@ -89,8 +89,9 @@ class WeightReceiver:
                 return SyncResult(version, None, 0, 0.0)
             client = self._client(source)
             info: dict = {}
-            if self._ipc_source is not None and self._ipc_source[0] == source and (requested or self.configured) in (None, T.IPC):
-                kind, moved = T.IPC, await self._ipc(client, version, self._ipc_source[1], info)
+            cached = self._ipc_source  # the last sync from this source went by ipc: skip the manifest
+            if cached is not None and cached[0] == source and (requested or self.configured) in (None, T.IPC):
+                kind, moved = T.IPC, await self._ipc(client, version, cached[1], info)
             else:
                 kind, moved = await self._pick_and_move(client, version, source, requested, info)
             t1 = time.perf_counter()

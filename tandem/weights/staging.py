@@ -3,7 +3,8 @@
 Every rank holds a flat byte buffer of the TP=1 layout (tandem/weights/layout.py) beside its
 model. A sync fills it (stream chunks land on the front rank and are broadcast to the others
 over the rollout's own group at commit; IPC copies and collective broadcasts land on every
-rank; IPC reads the source's shared buffer, tandem/weights/shared.py), and only once the whole version is there and checked does `commit` copy each rank's
+rank; IPC reads the source's shared buffer, tandem/weights/shared.py), and only once the
+whole version is there and checked does `commit` copy each rank's
 shard into the parameters in place (tandem/convert/reshard.py `shard_pairs`: views, no
 allocation), on the worker thread between two generations. The parameters' storage never
 changes (the engine's CUDA graphs and fused-step references point at it), and a sync that
