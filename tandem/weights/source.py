@@ -163,9 +163,10 @@ class WeightSource:
                     await self._run(self._share_on_host, snap)
         buf, m = snap.export, snap.manifest
         fresh = known_buffer != buf.buffer_id
+        fields = await self._run(buf.handle) if fresh else {}  # GPU: computed once per buffer, then cached
         return ShareReply(m.version, buf.buffer_id, buf.size, m.total_bytes, snap.stamp, buf.word_sum,
                           m.fingerprint, self.placement.device_uuid, None if known_layout == m.fingerprint else m,
-                          buf.handle() if fresh else {}, buf.shm_path if fresh else "")
+                          fields, buf.shm_path if fresh else "")
 
     def _share_on_host(self, snap: Snapshot) -> None:
         buf = self._buffer_for(snap.manifest.total_bytes, torch.device("cpu"))
