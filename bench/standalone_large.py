@@ -49,8 +49,8 @@ def run(mode: str, a, out: str) -> list[dict] | None:
     t0 = time.time()
     pythonpath = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # keep the caller's (GPU wheels)
     try:
-        proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides], cwd=ROOT, capture_output=True,
-                              text=True, env=dict(os.environ, PYTHONPATH=pythonpath), check=False,
+        proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *overrides], cwd=ROOT,
+                              capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=pythonpath), check=False,
                               timeout=a.timeout_s or None)
     except subprocess.TimeoutExpired as e:
         print(f"{mode}: did not finish within --timeout-s {a.timeout_s} s\n{_tail(e.stdout)}\n{_tail(e.stderr)}",

@@ -46,7 +46,7 @@ class RewritingProxy:
 def test_ipc_keeps_the_buffer_mapped_reopens_a_new_one_and_refuses_a_rewritten_one(services, own_actor):
     from test_rollout_standalone import sft_batch
 
-    from controller.clients import ActorClient
+    from tandem.controller.clients import ActorClient
 
     async def main():
         rollout = services.client("rollout", REPLICA)
