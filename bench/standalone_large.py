@@ -14,7 +14,9 @@ rollout shows ~0.1-1) and the weight-sync metrics, and fails unless the standalo
 small as the colocated run's (at most 1.5x it, or below 1e-4: fp32 on CPU gives ~1e-6, bf16 more). On a GPU machine add e.g.
 `actor_rollout_ref.actor.megatron.dtype=bfloat16`. Each run is its own process, printed when
 done; one that fails or passes --timeout-s is reported and the other still runs. No checkpoints
-mid-run (trainer.save_freq=0); the run's final checkpoint is deleted after it.
+mid-run (trainer.save_freq=0); the run's final checkpoint is deleted after it. With --out the
+two modes can run in two calls (`--modes colocated`, then `--modes standalone`): the second
+compares against the first's results.
 """
 from __future__ import annotations
 
@@ -63,7 +65,7 @@ def run(mode: str, a, out: str) -> list[dict] | None:
         print(f"{mode} run failed ({proc.returncode}) after {time.time() - t0:.0f} s:\n{_tail(proc.stdout)}\n"
               f"{_tail(proc.stderr)}", flush=True)
         return None
-    (path,) = glob.glob(os.path.join(out, f"{mode}-*", "metrics.jsonl"))
+    path = max(glob.glob(os.path.join(out, f"{mode}-*", "metrics.jsonl")), key=os.path.getmtime)  # this call's
     with open(path) as f:
         steps = [m for m in map(json.loads, f) if "actor/pg_loss" in m]
     syncs = []  # the rollout's own log of each sync: transport, bytes, seconds, transfer seconds
@@ -103,7 +105,8 @@ def main() -> int:
     p.add_argument("--min-bytes", type=int, default=512 << 20, help="a sync must move more (the old message cap)")
     p.add_argument("--modes", default="standalone,colocated", help="which runs, in this order")
     p.add_argument("--timeout-s", type=float, default=0, help="per run (0: none); a run past it is reported")
-    p.add_argument("--out", help="keep the runs (metrics, logs; checkpoints deleted) and MODE.json here")
+    p.add_argument("--out", help="keep the runs (metrics, logs; checkpoints deleted) and MODE.json here; a mode "
+                   "not run now is read from an earlier call's MODE.json there (one mode per call, then compare)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_args()
     params = a.layers * (a.hidden * 2 * a.hidden + a.hidden * a.hidden + 3 * a.hidden * 4 * a.hidden)
@@ -114,8 +117,15 @@ def main() -> int:
     with contextlib.ExitStack() as stack:
         out = a.out or stack.enter_context(tempfile.TemporaryDirectory())
         os.makedirs(out, exist_ok=True)
-        for mode in a.modes.split(","):
+        for mode in filter(None, a.modes.split(",")):
+            if mode not in ("standalone", "colocated"):
+                sys.exit(f"--modes: {mode!r} is not standalone or colocated")
             results[mode] = run(mode, a, out)
+        for mode in ("standalone", "colocated"):  # the other mode from an earlier call with the same --out
+            if mode not in results and os.path.exists(os.path.join(out, f"{mode}.json")):
+                with open(os.path.join(out, f"{mode}.json")) as f:
+                    results[mode] = json.load(f)["steps"]
+                print(f"{mode}: from {out}/{mode}.json (an earlier call)")
     standalone, colocated = results.get("standalone"), results.get("colocated")
     if not standalone or not colocated:
         print(f"\nno comparison: {[m for m, r in results.items() if not r]} did not finish")
