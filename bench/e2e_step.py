@@ -147,7 +147,9 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
     lines = [roof.roofline(w, r, passes) for w in work]
     step_s = med("timing_s/step")
     mfu_train = statistics.median(w.train_flops / max(m["timing_s/update_actor"], 1e-9) for w, m in zip(work, steady))
-    lp_s = [m.get("timing_s/old_log_prob", 0.0) + m.get("timing_s/ref", 0.0) for m in steady]
+    # the two calls start together (controller/step.py gathers them) and queue on the actor's one worker
+    # thread: the later one's timing includes waiting for the other, so the pair's wall time is the max
+    lp_s = [max(m.get("timing_s/old_log_prob", 0.0), m.get("timing_s/ref", 0.0)) for m in steady]
     mfu_lp = statistics.median(passes * w.logprob_flops / t if t > 0 else float("nan") for w, t in zip(work, lp_s))
     first = steps[0]["timing_s/step"] if steps else float("nan")
     c1 = res["compile"].get(1, (0.0, 0.0))
@@ -164,7 +166,8 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "ppo_kl_first": steps[0].get("actor/ppo_kl") if steps else None}
 
 
-HEAD = ("| config | step s | gen | old log-prob | ref | update | reward | tokens/s/GPU | MFU update | MFU log-prob "
+HEAD = ("| config | step s | gen | old log-prob | ref (started with old: includes its wait) | update | reward "
+        "| tokens/s/GPU | MFU update | MFU log-prob "
         "| roofline s (train + log-prob + gen) | step at roofline | first step s (compile + capture s) | before step 1 "
         "compile + capture s |")
 
