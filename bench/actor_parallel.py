@@ -103,10 +103,10 @@ def build_moe(path: str) -> str:
 def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, load_from: str | None,
               init_from: str | None, hf: str | None) -> None:
     world, tp, pp, _ = LAYOUTS[name]
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
-    from services.actor.front import ActorFront
-    from services.actor.worker import ActorWorker
     from tandem.parallel import device
     from tandem.parallel.layout import ParallelConfig, init_distributed
     from tandem.serving.rank_group import RankGroup

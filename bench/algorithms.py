@@ -5,7 +5,7 @@
 1. One SFT warm start (`tandem run trainer.total_training_steps=0`, the default SFT: until
    the dev-accuracy threshold, `trainer.sft.stop_at_accuracy`), its policy exported as a
    Hugging Face directory (tandem.convert.hf_export, with the run's tokenizer,
-   `python -m services.actor.export`).
+   `python -m tandem.services.actor.export`).
 2. Each algorithm is a `tandem run` from that directory (`actor_rollout_ref.model.path=...
    trainer.sft.total_steps=0`), so all start from the same weights and the same held-out
    accuracy: GRPO (the default), RLOO, REINFORCE++, PPO (deploy/configs/arithmetic_ppo.yaml,
@@ -40,7 +40,7 @@ def tandem_run(args: list[str], out: str, name: str) -> str:
     os.makedirs(base, exist_ok=True)
     config = [a for a in args if a.endswith(".yaml")]
     rest = [a for a in args if not a.endswith(".yaml")]
-    cmd = [sys.executable, "-m", "controller", "run", *config, *rest,
+    cmd = [sys.executable, "-m", "tandem.controller", "run", *config, *rest,
            f"trainer.default_local_dir={base}", f"trainer.experiment_name={name}", "trainer.logger=[jsonl]"]
     print("+", " ".join(cmd[2:]), flush=True)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
@@ -102,7 +102,7 @@ def main() -> None:
     start = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine()}
     sft_dir = tandem_run(["trainer.total_training_steps=0"], out, "sft")
     hf_dir = os.path.join(out, "sft_hf")
-    subprocess.run([sys.executable, "-m", "services.actor.export",  # the SFT policy as a HF directory
+    subprocess.run([sys.executable, "-m", "tandem.services.actor.export",  # the SFT policy as a HF directory
                     os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
     sft_summary = json.load(open(os.path.join(sft_dir, "summary.json")))
     sft_acc, sft_steps = sft_summary["val_accuracy_after_sft"], sft_summary.get("sft_steps")

@@ -51,7 +51,7 @@ def main() -> None:
     hf_dir = a.warm_start or os.path.join(out, "sft_hf")
     if not a.warm_start:
         sft_dir = tandem_run(["trainer.total_training_steps=0", *a.overrides], out, "sft")
-        subprocess.run([sys.executable, "-m", "services.actor.export",
+        subprocess.run([sys.executable, "-m", "tandem.services.actor.export",
                         os.path.join(sft_dir, "checkpoints", "global_step_0"), hf_dir], cwd=ROOT, check=True)
     rows = []
     for seed in a.seeds:

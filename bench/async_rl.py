@@ -40,7 +40,7 @@ COMMON = ["actor_rollout_ref.rollout.mode=standalone", "algorithm.adv_estimator=
 
 
 def one_run(overrides: list[str], workdir: str, name: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides,
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *overrides,
                            f"trainer.default_local_dir={workdir}", f"trainer.experiment_name={name}"],
                           check=False, capture_output=True, text=True)
     found = re.search(r"tandem: run directory (\S+)", proc.stdout)

@@ -48,7 +48,7 @@ def main() -> int:
     overrides = sys.argv[1:] or SMALL
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs; overrides: {' '.join(overrides)}")
     with tempfile.TemporaryDirectory(prefix="tandem-ckpt-cost-") as tmp:
-        cmd = [sys.executable, "-m", "controller", "run", *overrides, f"trainer.total_training_steps={STEPS}",
+        cmd = [sys.executable, "-m", "tandem.controller", "run", *overrides, f"trainer.total_training_steps={STEPS}",
                "trainer.save_freq=1", "trainer.logger=[jsonl]", f"trainer.default_local_dir={tmp}",
                "trainer.experiment_name=ckpt_cost"]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,

@@ -40,8 +40,8 @@ OVERRIDES = ["algorithm.adv_estimator=gae", "services.actor.world_size=2"]
 # ---- the saver (the controller's side of a save), run as its own process --------------------
 
 async def saver(run_dir: str, actor: str, critic: str, progress: str) -> None:
-    from controller import checkpointing
-    from controller.clients import ActorClient, CriticClient
+    from tandem.controller import checkpointing
+    from tandem.controller.clients import ActorClient, CriticClient
 
     class Roles:  # what checkpointing.save uses of controller.roles.Roles
         def __init__(self):
@@ -203,14 +203,14 @@ class KillBench:
         self.started.endpoints[role] = asyncio.run(self.launcher.restart(role))
 
     def latest(self) -> str | None:
-        from controller import checkpointing
+        from tandem.controller import checkpointing
 
         return checkpointing.latest(self.run_dir)
 
     def check_latest(self) -> None:
         """The latest complete checkpoint loads in the actor and the critic and names its own step."""
-        from controller import checkpointing
-        from controller.clients import ActorClient, CriticClient
+        from tandem.controller import checkpointing
+        from tandem.controller.clients import ActorClient, CriticClient
 
         ckpt = self.latest()
         if ckpt is None:

@@ -7,7 +7,7 @@
 
 Builds a random-init Qwen2.5-shaped checkpoint (bench/random_qwen2.py) and the data (prompts of
 --prompt-min..--prompt-max characters of the built-in task's alphabet, sums of several numbers)
-under --out, then runs `tandem run` (python -m controller run: the real controller, the local
+under --out, then runs `tandem run` (python -m tandem.controller run: the real controller, the local
 launcher, actor colocated with its rollout, reward service) in a subprocess per configuration:
 --prompts x --n rows, --new-tokens per response, GRPO with the KL loss, no SFT. Each run's
 metrics.jsonl gives verl's timing_s/* per phase and perf/throughput (tokens/s/GPU); the services'
@@ -106,7 +106,7 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
     t0 = time.time()
     log = os.path.join(out, f"{name}.log")
     with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "controller", "run", *base, *extra], cwd=ROOT, env=_env(),
+        proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *base, *extra], cwd=ROOT, env=_env(),
                               stdout=f, stderr=subprocess.STDOUT, timeout=a.run_timeout, check=False)
     wall = time.time() - t0
     runs = sorted(glob.glob(os.path.join(out, "runs", f"{name}-*")))

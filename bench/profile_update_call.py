@@ -68,9 +68,9 @@ def _free_port() -> int:
 
 
 def build(threads: int):
+    from tandem.controller.run_dir import create_run_dir
     from transformers import AutoTokenizer
 
-    from controller.run_dir import create_run_dir
     from tandem.config import load_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
@@ -81,7 +81,7 @@ def build(threads: int):
     torch.set_num_threads(threads)
     init_distributed(ParallelConfig(), rank=0, world_size=1, seed=1,
                      init_method=f"tcp://127.0.0.1:{_free_port()}")  # also for older trees, which need one
-    from services.actor.front import ActorFront
+    from tandem.services.actor.front import ActorFront
 
     tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
     return cfg, tok, ActorFront.in_process(cfg, len(tok))
@@ -89,8 +89,9 @@ def build(threads: int):
 
 def step_rows(cfg, tok, actor, seed: int):
     """16 prompts x 8 samples from the actor's policy, as the controller sends them to UpdateActor."""
-    from controller.data import collate, load_examples
-    from controller.step import sequences
+    from tandem.controller.data import collate, load_examples
+    from tandem.controller.step import sequences
+
     from tandem.data.batch import DataProto
     from tandem.generation.sampling import SamplingParams
     from tandem.rollout.worker import RolloutWorker
@@ -176,7 +177,7 @@ def main() -> None:
     prof.disable()
     flow = "UpdateActor(on_policy)" if hasattr(actor, "update_actor_on_policy") else "ComputeLogProb + UpdateActor"
     tokens = sum(int(seq["attention_mask"].sum()) for seq, _ in rows[2:]) / a.calls
-    import services.actor.front as front
+    import tandem.services.actor.front as front
 
     code = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(front.__file__))))
     print(f"actor calls of one step: {flow}; {len(rows[0][0])} rows, {tokens:.0f} tokens; torch threads "

@@ -40,7 +40,7 @@ def run(mode: str, a, out: str) -> list[dict]:
         "trainer.logger=[console,jsonl]", "services.startup_timeout_s=600", *a.overrides]
     t0 = time.time()
     pythonpath = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))  # keep the caller's (GPU wheels)
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *overrides], cwd=ROOT, capture_output=True,
                           text=True, env=dict(os.environ, PYTHONPATH=pythonpath), check=False)
     if proc.returncode:
         sys.exit(f"{mode} run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")

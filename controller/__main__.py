@@ -37,7 +37,7 @@ def _parse(argv):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] in SERVICE_COMMANDS:
-        from controller.service.cli import main as service_main
+        from tandem.controller.service.cli import main as service_main
 
         return service_main(argv)
     ns = _parse(argv)
@@ -62,9 +62,9 @@ def main(argv=None) -> int:
     for notice in taken.notices:  # what each verl key Tandem maps became
         print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
-    from controller.recovery import RunStopped
-    from controller.reward_calls import RewardFailure
-    from controller.run import run
+    from tandem.controller.recovery import RunStopped
+    from tandem.controller.reward_calls import RewardFailure
+    from tandem.controller.run import run
 
     # SIGTERM (kill, docker stop, a batch scheduler) stops the run as Ctrl-C does: asyncio cancels
     # it and the launcher's cleanup stops the services it started, instead of leaving them running

@@ -31,7 +31,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from controller.batch_queue import BatchQueue, Drawn, StampedBatch
+from tandem.controller.batch_queue import BatchQueue, Drawn, StampedBatch
+
 from tandem.algos import metrics as M
 
 

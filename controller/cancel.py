@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 
-from controller import checkpointing
+from tandem.controller import checkpointing
 
 
 class RunCancelled(Exception):

@@ -1,4 +1,4 @@
-"""`python -m controller.prepare SPEC_DIR [CONFIG.yaml] [key=value ...]`: a run's inputs, before any service.
+"""`python -m tandem.controller.prepare SPEC_DIR [CONFIG.yaml] [key=value ...]`: a run's inputs, before any service.
 
 Writes SPEC_DIR/config.yaml (the resolved config) and, when the config names none, the built-in
 task's tokenizer and data beside it. Services that are started before the controller (compose
@@ -18,7 +18,7 @@ import shlex
 import shutil
 import sys
 
-from controller.run_dir import CONFIG_FILE, materialise
+from tandem.controller.run_dir import CONFIG_FILE, materialise
 
 
 def main(argv: list[str] | None = None) -> int:

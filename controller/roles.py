@@ -14,10 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
-from controller.launchers.commands import replica_index, service_of
-from controller.rollout_replicas import RolloutReplicas, replica_roles
-from controller.weight_sync import sync_weights
+from tandem.controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
+from tandem.controller.launchers.commands import replica_index, service_of
+from tandem.controller.rollout_replicas import RolloutReplicas, replica_roles
+from tandem.controller.weight_sync import sync_weights
+
 from tandem.config import TandemConfig
 from tandem.rpc.security import EndpointSecurity
 

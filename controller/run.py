@@ -29,19 +29,20 @@ import os
 import time
 from dataclasses import asdict
 
-from controller import checkpointing
-from controller.async_train import train_async
-from controller.cancel import CancelFlag, RunCancelled, save_on_cancel
-from controller.data import Cursor, collate, load_split, with_epoch_steps
-from controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
-from controller.plot import plot_run
-from controller.recovery import STATELESS, Supervisor
-from controller.roles import Roles, attach_endpoints, connect, needed_roles
-from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
-from controller.sft import run_sft, split_dev
-from controller.step import StepContext, ppo_step
-from controller.tracking import Tracking
-from controller.validation import greedy_accuracy, run_validation
+from tandem.controller import checkpointing
+from tandem.controller.async_train import train_async
+from tandem.controller.cancel import CancelFlag, RunCancelled, save_on_cancel
+from tandem.controller.data import Cursor, collate, load_split, with_epoch_steps
+from tandem.controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
+from tandem.controller.plot import plot_run
+from tandem.controller.recovery import STATELESS, Supervisor
+from tandem.controller.roles import Roles, attach_endpoints, connect, needed_roles
+from tandem.controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
+from tandem.controller.sft import run_sft, split_dev
+from tandem.controller.step import StepContext, ppo_step
+from tandem.controller.tracking import Tracking
+from tandem.controller.validation import greedy_accuracy, run_validation
+
 from tandem.algos.kl import get_kl_controller
 from tandem.config import TandemConfig
 from tandem.data.batch import DataProto

@@ -16,8 +16,9 @@ import time
 import uuid
 from dataclasses import replace
 
-from controller import checkpointing
-from controller.sft import resolve_stop
+from tandem.controller import checkpointing
+from tandem.controller.sft import resolve_stop
+
 from tandem.config import TandemConfig, load_config, to_yaml
 
 CONFIG_FILE = "config.yaml"

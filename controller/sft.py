@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import torch
+from tandem.controller.data import Cursor, Example
 
-from controller.data import Cursor, Example
 from tandem.config import ConfigError, SftConfig
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger

@@ -27,11 +27,11 @@ from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
+from tandem.controller import scoring
+from tandem.controller.dapo import collect_varied_groups
+from tandem.controller.reward_calls import RowScores, settle
+from tandem.controller.roles import Roles
 
-from controller import scoring
-from controller.dapo import collect_varied_groups
-from controller.reward_calls import RowScores, settle
-from controller.roles import Roles
 from tandem.algos import advantages as adv_algos
 from tandem.algos import kl as kl_algos
 from tandem.algos import metrics as M

@@ -45,8 +45,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
-
-from controller.trackers import SINKS, make_sink
+from tandem.controller.trackers import SINKS, make_sink
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", *SINKS)
 GENERATIONS_FILE = "val_generations.jsonl"

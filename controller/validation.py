@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from tandem.controller.data import Example, collate
+from tandem.controller.reward_calls import settle
+from tandem.controller.scoring import decode_responses, score
 
-from controller.data import Example, collate
-from controller.reward_calls import settle
-from controller.scoring import decode_responses, score
 from tandem.algos import metrics as M
 
 N_BOOTSTRAP = 1000

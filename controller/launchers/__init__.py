@@ -70,9 +70,9 @@ class Launcher(ABC):
 
 # name -> "module:class", imported only when picked
 LAUNCHERS: dict[str, str] = {
-    "local": "controller.launchers.local:LocalLauncher",
-    "compose": "controller.launchers.compose:ComposeLauncher",
-    "ray": "controller.launchers.ray:RayLauncher",
+    "local": "tandem.controller.launchers.local:LocalLauncher",
+    "compose": "tandem.controller.launchers.compose:ComposeLauncher",
+    "ray": "tandem.controller.launchers.ray:RayLauncher",
 }
 DEFAULT_LAUNCHER = "local"
 

@@ -20,9 +20,8 @@ from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from controller.launchers import LaunchContext, Launcher
-from controller.launchers.commands import PORTS
+from tandem.controller.launchers import LaunchContext, Launcher
+from tandem.controller.launchers.commands import PORTS
 
 # the compose profiles that run each role (the GPU profile's names; `cpu` likewise)
 PROFILE = {"actor": "gpu", "reward": "gpu", "rollout": "gpu-ppo", "critic": "gpu-ppo"}

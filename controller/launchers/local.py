@@ -1,7 +1,7 @@
 """The local launcher: each service a child process on this machine (what `tandem run` uses).
 
 A service is started with controller/launchers/commands.py's command (`python -m
-services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
+tandem.services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
 --run-id ID`, H = `services.<role>.host`); it binds a free port and writes it to the port file
 once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
 session, so Ctrl-C reaches only the controller, which then stops them.
@@ -22,8 +22,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from controller.launchers import LaunchContext, Launcher, log_tail
-from controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
+from tandem.controller.launchers import LaunchContext, Launcher, log_tail
+from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
+
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")

@@ -22,9 +22,10 @@ import asyncio
 import os
 from collections.abc import Sequence
 
-from controller.launchers import LaunchContext, Launcher
-from controller.launchers.commands import service_argv, service_env, service_of
-from controller.launchers.ray_rank import ServiceRank
+from tandem.controller.launchers import LaunchContext, Launcher
+from tandem.controller.launchers.commands import service_argv, service_env, service_of
+from tandem.controller.launchers.ray_rank import ServiceRank
+
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.ray")

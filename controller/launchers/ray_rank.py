@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from controller.launchers import log_tail
+from tandem.controller.launchers import log_tail
 
 
 class ServiceRank:

@@ -13,8 +13,8 @@ import time
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from tandem.controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
 
-from controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
 from tandem.rpc.errors import TandemError, Unavailable
 
 COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
 
 
 def _serve(ns) -> int:
-    from controller.service.server import run_controller
+    from tandem.controller.service.server import run_controller
 
     attach = {}
     for item in ns.service:

@@ -11,9 +11,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from controller.run import Run
-from controller.service.records import Records
-from controller.tracking import CONSOLE_METRICS, Tracking
+from tandem.controller.run import Run
+from tandem.controller.service.records import Records
+from tandem.controller.tracking import CONSOLE_METRICS, Tracking
 
 
 def summary_line(values: Mapping[str, float], step: int, total: int) -> str:

@@ -2,7 +2,7 @@
 
 `ServicePool` holds an endpoint per role: a service given to `tandem serve --service
 ROLE=HOST:PORT` (attached: never started or stopped here), or one this controller started as
-a local process without a run config (`python -m services.<role> --port-file ...`: it holds
+a local process without a run config (`python -m tandem.services.<role> --port-file ...`: it holds
 no run until Configure). Started services run in their own session, so they outlive a
 controller that is killed; their endpoints and pids are kept in STATE_DIR/services/pool.json,
 and a restarted controller reattaches to those still alive instead of starting new ones.
@@ -25,10 +25,10 @@ import time
 from collections.abc import Sequence
 
 import psutil
+from tandem.controller.clients import LifecycleClient, release_now
+from tandem.controller.launchers import LaunchContext, Launcher
+from tandem.controller.launchers.commands import long_lived_argv, service_env, service_of
 
-from controller.clients import LifecycleClient, release_now
-from controller.launchers import LaunchContext, Launcher
-from controller.launchers.commands import long_lived_argv, service_env, service_of
 from tandem.logging import get_logger
 from tandem.rpc.errors import TandemError
 
@@ -216,9 +216,9 @@ def _process(pid: int | None) -> psutil.Process | None:
 
 
 def _is_service(pid: int | None, role: str) -> bool:
-    """A live process of `python -m services.<role>` (not a recycled pid; rollout-1: services.rollout)."""
+    """A live process of `python -m tandem.services.<role>` (not a recycled pid; rollout-1: services.rollout)."""
     p = _process(pid)
     try:
-        return p is not None and p.status() != psutil.STATUS_ZOMBIE and f"services.{service_of(role)}" in p.cmdline()
+        return p is not None and p.status() != psutil.STATUS_ZOMBIE and f"tandem.services.{service_of(role)}" in p.cmdline()
     except psutil.Error:
         return False

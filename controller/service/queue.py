@@ -20,13 +20,14 @@ import json
 import os
 import threading
 
-from controller import checkpointing
-from controller.cancel import RunCancelled
-from controller.launchers import LaunchContext
-from controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
-from controller.service.events import ServiceRun
-from controller.service.pool import PoolLauncher, ServicePool
-from controller.service.records import Records, RunRecord
+from tandem.controller import checkpointing
+from tandem.controller.cancel import RunCancelled
+from tandem.controller.launchers import LaunchContext
+from tandem.controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_dir
+from tandem.controller.service.events import ServiceRun
+from tandem.controller.service.pool import PoolLauncher, ServicePool
+from tandem.controller.service.records import Records, RunRecord
+
 from tandem.config import TandemConfig, load_config
 from tandem.logging import get_logger
 from tandem.rpc.errors import FailedPrecondition, NotFound

@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import os
 
-from controller.service.pool import ServicePool
-from controller.service.queue import RunQueue, recover
-from controller.service.records import Records
-from controller.service.servicer import SERVICE, ControllerServicer
-from controller.service.status_page import start_status_page
+from tandem.controller.service.pool import ServicePool
+from tandem.controller.service.queue import RunQueue, recover
+from tandem.controller.service.records import Records
+from tandem.controller.service.servicer import SERVICE, ControllerServicer
+from tandem.controller.service.status_page import start_status_page
+
 from tandem.logging import configure_logging, get_logger
 from tandem.rpc.errors import TandemError
 

@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
-from controller.service.records import Records, RunRecord
+from tandem.controller.service.records import Records, RunRecord
 
 REWARD, ACCURACY = "critic/score/mean", "val/accuracy"
 REFRESH_S = 5

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 
-from controller.run_dir import new_run_id
-from controller.service.records import RunRecord
+from tandem.controller.run_dir import new_run_id
+from tandem.controller.service.records import RunRecord
+
 from tandem.config import load_config, to_yaml
 from tandem.config.paths import check_paths
 

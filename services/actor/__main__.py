@@ -1,4 +1,4 @@
-"""Actor service: policy + reference (+ the colocated rollout). `python -m services.actor`.
+"""Actor service: policy + reference (+ the colocated rollout). `python -m tandem.services.actor`.
 
 Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
 run at start. With services.actor.world_size > 1 this process is rank 0 (the front door) and
@@ -6,10 +6,11 @@ starts the other ranks; they build the same workers and follow rank 0's commands
 """
 from __future__ import annotations
 
-from services.actor import hybrid
-from services.actor.front import ActorFront
-from services.actor.servicer import SERVICE, ActorServicer
-from services.actor.worker import ActorWorker
+from tandem.services.actor import hybrid
+from tandem.services.actor.front import ActorFront
+from tandem.services.actor.servicer import SERVICE, ActorServicer
+from tandem.services.actor.worker import ActorWorker
+
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import load_tokenizer, run_service

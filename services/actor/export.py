@@ -1,6 +1,6 @@
 """Export a run's actor checkpoint as a Hugging Face directory (safetensors, config.json, tokenizer).
 
-    python -m services.actor.export RUN_DIR/checkpoints/global_step_N OUT_DIR
+    python -m tandem.services.actor.export RUN_DIR/checkpoints/global_step_N OUT_DIR
 
 The checkpoint may have been saved at any TP / DP layout (dist_checkpointing reshards on
 load); the export runs in this process on one rank, on the CPU or one GPU. The
@@ -14,9 +14,9 @@ import sys
 
 
 def export(step_dir: str, out_dir: str) -> str:
+    from tandem.services.actor.front import ActorFront
     from transformers import AutoTokenizer
 
-    from services.actor.front import ActorFront
     from tandem.config import load_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
@@ -33,7 +33,7 @@ def export(step_dir: str, out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.actor.export", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m tandem.services.actor.export", description=__doc__.splitlines()[0])
     p.add_argument("checkpoint", help="a run's checkpoints/global_step_N directory")
     p.add_argument("out_dir")
     a = p.parse_args(argv)

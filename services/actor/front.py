@@ -6,7 +6,8 @@ the weight plane's check that a transfer was not torn by an update, tandem/weigh
 """
 from __future__ import annotations
 
-from services.actor.worker import ActorWorker
+from tandem.services.actor.worker import ActorWorker
+
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
 from tandem.serving.front import FrontDoor

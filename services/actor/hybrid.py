@@ -11,7 +11,8 @@ generates instead on a TP=1 copy synced from the training shards before every ge
 """
 from __future__ import annotations
 
-from services.actor.worker import ActorWorker
+from tandem.services.actor.worker import ActorWorker
+
 from tandem.rollout.replica import ReplicaRollout
 from tandem.rollout.worker import RolloutWorker
 

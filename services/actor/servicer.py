@@ -5,7 +5,8 @@ WeightSource that exports on the worker thread and sends from its own threads.
 """
 from __future__ import annotations
 
-from services.actor.front import ActorFront
+from tandem.services.actor.front import ActorFront
+
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
 from tandem.serving import checkpoint_requests

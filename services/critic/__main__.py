@@ -1,4 +1,4 @@
-"""Critic service: value model (GPTModel trunk + scalar head). `python -m services.critic`.
+"""Critic service: value model (GPTModel trunk + scalar head). `python -m tandem.services.critic`.
 
 Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
 run at start. With services.critic.world_size > 1 this process is rank 0 (the front door)
@@ -6,9 +6,10 @@ and starts the other ranks.
 """
 from __future__ import annotations
 
-from services.critic.front import CriticFront
-from services.critic.servicer import SERVICE, CriticServicer
-from services.critic.worker import CriticWorker
+from tandem.services.critic.front import CriticFront
+from tandem.services.critic.servicer import SERVICE, CriticServicer
+from tandem.services.critic.worker import CriticWorker
+
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import load_tokenizer, run_service

@@ -1,7 +1,8 @@
 """The critic service's API over its rank group (tandem/serving/front.py does the laying out)."""
 from __future__ import annotations
 
-from services.critic.worker import CriticWorker
+from tandem.services.critic.worker import CriticWorker
+
 from tandem.data.batch import DataProto
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup

@@ -1,7 +1,8 @@
 """CriticService adapter: decode, validate, call the CriticWorker on its thread, encode."""
 from __future__ import annotations
 
-from services.critic.front import CriticFront
+from tandem.services.critic.front import CriticFront
+
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition
 from tandem.serving import checkpoint_requests

@@ -1,5 +1,5 @@
 """Reward service: rules by data_source, or verl's custom compute_score, and/or a reward model
-(a Hugging Face sequence-classification checkpoint on megatron-core). `python -m services.reward`.
+(a Hugging Face sequence-classification checkpoint on megatron-core). `python -m tandem.services.reward`.
 
 Long-lived (no --config): waits for LifecycleService.Configure; with --config it takes that
 run at start. Rules and functions only: rank 0 alone, no torch.distributed. With
@@ -8,8 +8,9 @@ reward_model.enable the run is served by a rank group like the critic's
 """
 from __future__ import annotations
 
-from services.reward.scorer import Scorer, text_scorer
-from services.reward.servicer import SERVICE, RewardServicer
+from tandem.services.reward.scorer import Scorer, text_scorer
+from tandem.services.reward.servicer import SERVICE, RewardServicer
+
 from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import run_service
 from tandem.serving.role import Built, Role
@@ -27,7 +28,7 @@ class RewardRole(Role):
         return cfg.services.reward.world_size, ParallelConfig.of(cfg.reward_model.megatron)
 
     def check_layout(self, cfg) -> None:
-        from services.reward.model import reward_model_shape
+        from tandem.services.reward.model import reward_model_shape
 
         self.validate_layout(cfg, reward_model_shape(cfg))
 
@@ -42,7 +43,7 @@ class RewardRole(Role):
     def build(self, cfg) -> Built:
         if not cfg.reward_model.enable:
             return Built({})
-        from services.reward.model import RewardModelWorker
+        from tandem.services.reward.model import RewardModelWorker
 
         return Built({"reward_model": RewardModelWorker(cfg)})
 
@@ -52,7 +53,7 @@ class RewardRole(Role):
             scorer = Scorer(text_scorer(cfg))
             built.closers.append(scorer.close)
             return {SERVICE: RewardServicer(scorer, thread)}
-        from services.reward.model import RewardModelFront
+        from tandem.services.reward.model import RewardModelFront
 
         worker = built.targets["reward_model"]
         text = text_scorer(cfg) if rm.rule_coef != 0 else None  # rank 0 only: its process pool lives here

@@ -23,8 +23,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 from pebble import ProcessExpired, ProcessPool
+from tandem.services.reward.result import Scored
 
-from services.reward.result import Scored
 from tandem.logging import get_logger
 
 _log = get_logger("services.reward.custom_function")

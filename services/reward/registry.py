@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.reward.rules.arithmetic import score_exact_match
-from services.reward.rules.gsm8k import score_gsm8k
-from services.reward.rules.math_boxed import score_math_boxed
+from tandem.services.reward.rules.arithmetic import score_exact_match
+from tandem.services.reward.rules.gsm8k import score_gsm8k
+from tandem.services.reward.rules.math_boxed import score_math_boxed
 
 RewardRule = Callable[..., list[float | None]]
 """``fn(responses: list[str], ground_truths: list[str], **columns) -> list[float | None]``."""

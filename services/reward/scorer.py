@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 
-from services.reward.result import Scored
-from services.reward.worker import RewardWorker
+from tandem.services.reward.result import Scored
+from tandem.services.reward.worker import RewardWorker
+
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 
@@ -26,7 +27,7 @@ def text_scorer(cfg):
     """The custom function when custom_reward_function.path is set, else the rules."""
     c = cfg.custom_reward_function
     if c.path:
-        from services.reward.custom_function import CustomRewardFunction
+        from tandem.services.reward.custom_function import CustomRewardFunction
 
         return CustomRewardFunction(c.path, c.name, dict(c.reward_kwargs), c.timeout_s, c.num_workers)
     return RewardWorker(default_rule=cfg.reward_model.default_rule)

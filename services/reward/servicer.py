@@ -2,7 +2,8 @@
 row out, plus the rows that could not be scored (never a made-up score)."""
 from __future__ import annotations
 
-from services.reward.scorer import Scorer
+from tandem.services.reward.scorer import Scorer
+
 from tandem.data import codec
 from tandem.data.validate import check_rows, check_same_shape, check_token_range, require_column, require_tensor
 from tandem.rpc.errors import InvalidArgument

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from services.reward.registry import get_rule, rule_for_data_source
+from tandem.services.reward.registry import get_rule, rule_for_data_source
 
 
 class RewardWorker:

@@ -1,7 +1,7 @@
 """Standalone rollout service: its own copy of the policy, refreshed through the weight plane.
 
-`python -m services.rollout` (long-lived: waits for LifecycleService.Configure) or
-`python -m services.rollout --config RUN.yaml`. Disaggregated mode: after every update the
+`python -m tandem.services.rollout` (long-lived: waits for LifecycleService.Configure) or
+`python -m tandem.services.rollout --config RUN.yaml`. Disaggregated mode: after every update the
 controller sends SyncWeights (a version and the actor's endpoint) and the rollout pulls the
 weights from the actor itself (tandem/weights/): stream, CUDA IPC or a NCCL broadcast. With
 services.rollout.world_size > 1 the ranks are actor_rollout_ref.rollout.tensor_model_parallel_size

@@ -228,7 +228,7 @@ RULES: tuple[Rule, ...] = (
     mapped("actor_rollout_ref.actor.use_fused_kernels", "log-probs and entropy are fused kernels already"),
     refused("*.router_replay.*", "MoE router replay is not offered"),
     refused("*.checkpoint.*", "checkpoints hold model, optimizer and extra state, saved synchronously; write "
-            "Hugging Face weights with python -m services.actor.export"),
+            "Hugging Face weights with python -m tandem.services.actor.export"),
     refused("*.profiler.*", PROFILE), refused("global_profiler.*", PROFILE),
     # ---- rollout ----
     mapped("actor_rollout_ref.rollout.name", ENGINE),

@@ -251,7 +251,7 @@ def _exit_when_a_rank_dies(children: list[subprocess.Popen], stopping: threading
 
 
 def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", f"services.{role}", "--rank", str(rank), "--world-size", str(world),
+    cmd = [sys.executable, "-m", f"tandem.services.{role}", "--rank", str(rank), "--world-size", str(world),
            "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
     env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
                **{PARENT_ENV: str(os.getpid())})

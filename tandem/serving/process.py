@@ -3,13 +3,13 @@
 Three ways to start a service (rank 0, the gRPC front door); it binds `--host` (default
 `services.<role>.host`, 127.0.0.1):
 
-- long-lived: `python -m services.<role> [--host H] [--port P | --port-file F] [--world-size N]`
+- long-lived: `python -m tandem.services.<role> [--host H] [--port P | --port-file F] [--world-size N]`
   starts with only what the process needs (role, bind address, ranks; the device follows
   LOCAL_RANK) and holds no run: it waits for tandem.v1.LifecycleService.Configure (the run's
   resolved config), serves that run until Release, then the next (tandem/serving/lifecycle.py).
   With `--long-lived`, a config and overrides set only this process's bind address, TLS and
   token (services.<role>.host, .tls, .auth).
-- for one run: `python -m services.<role> --config RUN.yaml [key=value ...]` (or overrides
+- for one run: `python -m tandem.services.<role> --config RUN.yaml [key=value ...]` (or overrides
   alone, on the defaults) configures itself with that config before it serves (what the local,
   compose and Ray launchers start); Release and Configure work on it as on a long-lived one.
 
@@ -76,7 +76,7 @@ def _env_int(name: str) -> int | None:
 
 
 def parse_args(role: str, argv=None) -> ServiceArgs:
-    p = argparse.ArgumentParser(prog=f"python -m services.{role}",
+    p = argparse.ArgumentParser(prog=f"python -m tandem.services.{role}",
                                 description=f"Tandem {role} service (gRPC). Without --config or overrides it "
                                             "holds no run until tandem.v1.LifecycleService.Configure.")
     p.add_argument("--config", help="a run config YAML: configure with it at start (one-run mode)")

@@ -59,7 +59,7 @@ def test_bad_submissions_are_rejected_and_nothing_is_queued(controller, runs_dir
     assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert controller.client.list() == before
     # the CLI says the same, naming the key, and exits 2
-    cli = subprocess.run([sys.executable, "-m", "controller", "submit", "--controller", controller.client.address,
+    cli = subprocess.run([sys.executable, "-m", "tandem.controller", "submit", "--controller", controller.client.address,
                           "data.no_such_key=1"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and "INVALID_ARGUMENT" in cli.stderr and "data.no_such_key" in cli.stderr
 
@@ -132,7 +132,7 @@ def test_cancel_a_running_run_then_the_next_one_runs(controller, runs_dir):
 def describe(endpoint: str) -> dict:
     import asyncio
 
-    from controller.clients import LifecycleClient
+    from tandem.controller.clients import LifecycleClient
 
     async def go():
         async with LifecycleClient(endpoint, timeout_s=30) as client:
@@ -147,7 +147,7 @@ def test_cli_status_logs_and_list(controller, runs_dir):
     env = dict(os.environ, TANDEM_CONTROLLER=controller.client.address)
 
     def tandem(*args):
-        r = subprocess.run([sys.executable, "-m", "controller", *args], capture_output=True, text=True, timeout=600,
+        r = subprocess.run([sys.executable, "-m", "tandem.controller", *args], capture_output=True, text=True, timeout=600,
                            env=env)
         assert r.returncode == 0, r.stderr[-2000:]
         return r.stdout

@@ -17,7 +17,7 @@ SMALL = ["trainer.sft.batch_size=8", "trainer.total_training_steps=2", "data.tra
 
 
 def tandem_run(args, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *SMALL, *args,
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *SMALL, *args,
                            f"trainer.default_local_dir={tmp_path}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
     (run_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]

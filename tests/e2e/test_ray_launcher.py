@@ -54,7 +54,7 @@ def cluster():
 
 def run(tmp_path, name: str, overrides: list[str], env: dict) -> pathlib.Path:
     out = tmp_path / name
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *TINY, *overrides,
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *TINY, *overrides,
                            f"trainer.default_local_dir={out}", f"trainer.experiment_name={name}"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"

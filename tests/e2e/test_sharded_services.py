@@ -35,7 +35,7 @@ def test_actor_tp2_sp_colocated(tmp_path):
     assert all(m["training/rollout_probs_diff_max"] < 1e-4 for m in steps.values())  # engine == trainer
     # the final checkpoint (saved at TP=2) exports on one rank as a Hugging Face model
     out = tmp_path / "hf"
-    done = subprocess.run([sys.executable, "-m", "services.actor.export",
+    done = subprocess.run([sys.executable, "-m", "tandem.services.actor.export",
                            str(run_dir / "checkpoints" / "global_step_2"), str(out)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -45,7 +45,7 @@ def test_actor_tp2_sp_colocated(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(out)
     ids = tokenizer("12+7=", return_tensors="pt")["input_ids"]
     assert model(ids).logits.shape[-1] >= len(tokenizer)
-    bad = subprocess.run([sys.executable, "-m", "services.actor.export", str(tmp_path), str(out)],
+    bad = subprocess.run([sys.executable, "-m", "tandem.services.actor.export", str(tmp_path), str(out)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "checkpoint" in bad.stderr
 

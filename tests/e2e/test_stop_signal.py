@@ -18,7 +18,7 @@ def _alive(pids: set[int]) -> set[int]:
 def test_sigterm_mid_run_stops_the_services(tmp_path):
     overrides = [*TINY, f"trainer.default_local_dir={tmp_path}", "trainer.experiment_name=sigterm",
                  "trainer.total_training_steps=500"]  # still running when the signal comes
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", *overrides],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240

@@ -53,9 +53,9 @@ def service_pids(run_dir) -> dict[str, set[int]]:
 
 
 def run_tandem(overrides: list[str], timeout_s: float = 240) -> tuple[int, str, str, dict[str, set[int]]]:
-    """Run `python -m controller run ...`; -> exit code, stdout, stderr and the pids of the
+    """Run `python -m tandem.controller run ...`; -> exit code, stdout, stderr and the pids of the
     service processes it started (from the run directory's logs)."""
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *overrides],
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *overrides],
                           capture_output=True, text=True, timeout=timeout_s)
     found = re.search(r"tandem: (?:run directory|resuming) (\S+)", proc.stdout)
     return proc.returncode, proc.stdout, proc.stderr, service_pids(found.group(1)) if found else {}

@@ -34,7 +34,7 @@ CPU_CHANGES = [
 
 
 def run(args: list[str], env: dict | None = None, timeout: float = 480) -> tuple[pathlib.Path, str]:
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *args], capture_output=True, text=True,
                           timeout=timeout, env=dict(os.environ, **(env or {})))
     assert proc.returncode == 0, f"stdout:\n{proc.stdout[-2000:]}\nstderr:\n{proc.stderr[-4000:]}"
     return pathlib.Path(re.search(r"tandem: run directory (\S+)", proc.stdout).group(1)), proc.stderr

@@ -118,10 +118,10 @@ def exercise(actor, a, batch, advantages) -> dict:
 
 def main() -> int:
     a = parse_args()
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
-    from services.actor.front import ActorFront
-    from services.actor.worker import ActorWorker
     from tandem.parallel.layout import ParallelConfig, init_distributed
     from tandem.serving.rank_group import RankGroup
 

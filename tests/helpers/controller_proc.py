@@ -9,12 +9,11 @@ import sys
 import time
 
 import psutil
-
-from controller.service.client import ControllerClient
+from tandem.controller.service.client import ControllerClient
 
 
 class ControllerProcess:
-    """`python -m controller serve` on free ports with its own state directory."""
+    """`python -m tandem.controller serve` on free ports with its own state directory."""
 
     def __init__(self, state_dir, start_roles: str = "", log_name: str = "controller.log"):
         self.state_dir, self.start_roles, self.log_name = str(state_dir), start_roles, log_name
@@ -26,7 +25,7 @@ class ControllerProcess:
         if os.path.exists(port_file):
             os.unlink(port_file)
         os.makedirs(self.state_dir, exist_ok=True)
-        cmd = [sys.executable, "-m", "controller", "serve", "--state-dir", self.state_dir, "--port", "0",
+        cmd = [sys.executable, "-m", "tandem.controller", "serve", "--state-dir", self.state_dir, "--port", "0",
                "--port-file", port_file, "--http-port", "0"]
         if self.start_roles:
             cmd += ["--start", self.start_roles]

@@ -7,8 +7,9 @@ import asyncio
 import json
 import sys
 
-from controller.clients import RolloutClient
-from controller.data import collate, load_examples
+from tandem.controller.clients import RolloutClient
+from tandem.controller.data import collate, load_examples
+
 from tandem.config import load_config
 
 

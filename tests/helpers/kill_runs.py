@@ -50,7 +50,7 @@ def run_and_kill(overrides: list[str], role: str, rank: int, after_step: int,
                  timeout_s: float = 400) -> tuple[int, str, str, str, int]:
     """Start `tandem run`, SIGKILL rank `rank` of `role`'s service as soon as step `after_step`
     is logged, wait for the run to end -> (exit code, stdout, stderr, run dir, killed pid)."""
-    proc = subprocess.Popen([sys.executable, "-m", "controller", "run", *overrides],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
     run_dir, killed, out = None, 0, ""

@@ -15,11 +15,11 @@ import torch
 def main() -> int:
     rank, rdzv, out, tok, layout = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     from actor_rank import fixed_batch
+    from tandem.services.actor import hybrid
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
-    from services.actor import hybrid
-    from services.actor.front import ActorFront
-    from services.actor.worker import ActorWorker
     from tandem.config import load_config
     from tandem.data.batch import DataProto
     from tandem.generation.engine import left_pad

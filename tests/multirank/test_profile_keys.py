@@ -33,7 +33,7 @@ def _keys(profile=PROFILE) -> list[str]:
 
 
 def test_traces_exactly_for_the_chosen_roles_ranks_and_steps(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "controller", "run", *RUN, *_keys(),
+    proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *RUN, *_keys(),
                            f"trainer.default_local_dir={tmp_path}"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = [tmp_path / d for d in os.listdir(tmp_path)]

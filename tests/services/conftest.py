@@ -29,13 +29,13 @@ class Services:
 
     def client(self, kind: str, role: str | None = None):
         """A controller client for `kind` at `role`'s endpoint (create inside the event loop)."""
-        from controller.clients import (
+        from tandem.controller.clients import (
             ActorClient,
             CriticClient,
             RewardClient,
             RolloutClient,
         )
-        from controller.roles import security
+        from tandem.controller.roles import security
 
         cls = {"actor": ActorClient, "rollout": RolloutClient, "critic": CriticClient, "reward": RewardClient}[kind]
         return cls(self.endpoints[role or kind], timeout_s=120, metadata={"x-run-id": self.run_id},

@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 import torch
+from tandem.controller.clients import RewardClient
 
-from controller.clients import RewardClient
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
 from tandem.v1 import data_pb2, reward_pb2
@@ -30,7 +30,7 @@ TINY_RUN = ["trainer.sft.total_steps=0", "trainer.total_training_steps=1", "data
 @pytest.fixture(scope="module")
 def endpoint(tmp_path_factory):
     port_file = tmp_path_factory.mktemp("external_reward") / "reward.port"
-    proc = subprocess.Popen([sys.executable, "-m", "services.reward.examples.external_server",
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.services.reward.examples.external_server",
                              "--port", "0", "--port-file", str(port_file)], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -97,7 +97,7 @@ def test_scores_and_errors(endpoint):
 
 
 def test_tandem_run_attaches_to_it(endpoint, tmp_path):
-    r = subprocess.run([sys.executable, "-m", "controller", "run", *TINY_RUN,
+    r = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *TINY_RUN,
                         f"trainer.default_local_dir={tmp_path}", f"services.reward.endpoint={endpoint}"],
                        cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, f"exit {r.returncode}\nstdout:\n{r.stdout[-3000:]}\nstderr:\n{r.stderr[-3000:]}"

@@ -1,6 +1,6 @@
 """A service as an operator sees it: gRPC reflection lists and describes its services (what grpcurl
 uses), and --metrics-port / services.<role>.metrics_port serves Prometheus metrics. The reward
-service is started for real (python -m services.reward): it needs no model."""
+service is started for real (python -m tandem.services.reward): it needs no model."""
 import re
 import subprocess
 import sys
@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture
 def reward_service(tmp_path):
     port_file = tmp_path / "reward.port"
-    proc = subprocess.Popen([sys.executable, "-m", "services.reward", "--port-file", str(port_file)],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.services.reward", "--port-file", str(port_file)],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not port_file.exists():
@@ -46,7 +46,7 @@ def test_metrics_are_scraped_while_serving(tmp_path, how):
     port_file = tmp_path / "reward.port"
     metrics_port = _free_port()
     setting = ["--metrics-port", str(metrics_port)] if how == "flag" else [f"services.reward.metrics_port={metrics_port}"]
-    proc = subprocess.Popen([sys.executable, "-m", "services.reward", "--port-file", str(port_file), *setting],
+    proc = subprocess.Popen([sys.executable, "-m", "tandem.services.reward", "--port-file", str(port_file), *setting],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120

@@ -56,9 +56,9 @@ def test_node_server_locked_passes_with_auth_and_tls(tmp_path):
 
 def test_python_example_and_tandem_reward_service_pass(tmp_path):
     (tmp_path / "token").write_text("py-secret")
-    example = [sys.executable, "-m", "services.reward.examples.external_server", "--port-file",
+    example = [sys.executable, "-m", "tandem.services.reward.examples.external_server", "--port-file",
                str(tmp_path / "example.port"), "--token-file", str(tmp_path / "token")]
-    tandem = [sys.executable, "-m", "services.reward", "--port-file", str(tmp_path / "tandem.port"),
+    tandem = [sys.executable, "-m", "tandem.services.reward", "--port-file", str(tmp_path / "tandem.port"),
               "reward_model.default_rule=arithmetic"]  # takes a run at start (with no config it would wait for one)
     with server_process(example, tmp_path / "example.port") as a, server_process(tandem, tmp_path / "tandem.port") as b:
         _passes(check(a, EndpointSecurity(token="py-secret")), ALWAYS + ["auth"])
@@ -70,7 +70,7 @@ def test_broken_server_fails_naming_each_broken_rule(tmp_path):
     cmd = [sys.executable, str(HELPERS / "faulty_reward_server.py"), "--port-file", str(tmp_path / "port"),
            "--break", "health,rows,invalid_argument,deadline,auth", "--token-file", str(tmp_path / "token")]
     with server_process(cmd, tmp_path / "port") as endpoint:
-        r = subprocess.run([sys.executable, "-m", "controller", "conformance", endpoint, "--token-file",
+        r = subprocess.run([sys.executable, "-m", "tandem.controller", "conformance", endpoint, "--token-file",
                             str(tmp_path / "token"), "--timeout-s", "20"],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
     out = r.stdout

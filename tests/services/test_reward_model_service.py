@@ -8,9 +8,9 @@ import grpc
 import pytest
 import torch
 from server_process import server_process
+from tandem.controller.clients import RewardClient
 from tiny_hf import tiny_reward_model
 
-from controller.clients import RewardClient
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import TandemError
 
@@ -31,7 +31,7 @@ def test_reward_model_service_scores_and_refuses_bad_tokens(tmp_path, ranks):
     rule = torch.tensor([1.0, 0.0, 1.0])  # exact match of response_text and ground_truth
     batch = DataProto(tensors={"input_ids": ids, "attention_mask": mask.long()},
                       columns={"response_text": ["7", "8", "9"], "ground_truth": ["7", "9", "9"]})
-    cmd = [sys.executable, "-m", "services.reward", "--port-file", str(tmp_path / "port"),
+    cmd = [sys.executable, "-m", "tandem.services.reward", "--port-file", str(tmp_path / "port"),
            "reward_model.enable=true", f"reward_model.model.path={rm}", "reward_model.micro_batch_size_per_gpu=2",
            "reward_model.rule_coef=0.5"]
     if ranks == 2:

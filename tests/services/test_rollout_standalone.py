@@ -15,8 +15,8 @@ SAMPLED = dict(max_new_tokens=6, n=2, temperature=0.8, top_k=6, seed=17)
 
 
 def sft_batch(services) -> DataProto:
-    from controller.data import Example
-    from controller.sft import sft_batch as build
+    from tandem.controller.data import Example
+    from tandem.controller.sft import sft_batch as build
 
     tok = services.tokenizer
     texts = ["12+7=", "905+88=", "3+4=", "640+521="]
@@ -99,8 +99,8 @@ def test_collective_sync_after_update_and_version_order(services):
 
 
 def test_two_replicas_give_the_rows_of_one(services):
-    from controller.rollout_replicas import RolloutReplicas
-    from controller.weight_sync import sync_weights
+    from tandem.controller.rollout_replicas import RolloutReplicas
+    from tandem.controller.weight_sync import sync_weights
 
     async def main():
         actor = services.client("actor")

@@ -15,8 +15,9 @@ from weight_plane import export_digest
 @pytest.fixture(scope="module")
 def tp2(services, tmp_path_factory):
     """An actor at TP=2 and a rollout at TP=2 (two ranks each) of the session's model."""
-    from controller.launchers import LaunchContext
-    from controller.launchers.local import LocalLauncher
+    from tandem.controller.launchers import LaunchContext
+    from tandem.controller.launchers.local import LocalLauncher
+
     from tandem.config import load_config, to_yaml
 
     out = tmp_path_factory.mktemp("tp2")
@@ -33,7 +34,7 @@ def tp2(services, tmp_path_factory):
 
 
 def test_tp2_actor_to_tp1_rollout_and_tp1_actor_to_tp2_rollout(services, tp2):
-    from controller.clients import ActorClient, RolloutClient
+    from tandem.controller.clients import ActorClient, RolloutClient
 
     async def main():
         actor2 = ActorClient(tp2["actor"], timeout_s=120)

@@ -31,7 +31,8 @@ def hf_llama_dir(tmp_path_factory):
 
 
 def test_actor_log_probs_equal_transformers(megatron_dist, hf_llama_dir):
-    from services.actor.front import ActorFront
+    from tandem.services.actor.front import ActorFront
+
     from tandem.config import load_config
     from tandem.data.batch import DataProto
 
@@ -55,7 +56,7 @@ def test_actor_log_probs_equal_transformers(megatron_dist, hf_llama_dir):
 def test_tandem_run_from_hf_checkpoint(hf_llama_dir, tmp_path):
     path, _ = hf_llama_dir
     proc = subprocess.run(
-        [sys.executable, "-m", "controller", "run", f"actor_rollout_ref.model.path={path}",
+        [sys.executable, "-m", "tandem.controller", "run", f"actor_rollout_ref.model.path={path}",
          "trainer.sft.total_steps=2", "trainer.sft.batch_size=8", "trainer.sft.stop_at_accuracy=null",
          "trainer.total_training_steps=1",
          "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=100",

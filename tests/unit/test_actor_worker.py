@@ -13,7 +13,8 @@ N = 2
 
 def make_worker(tokenizer, *extra):
     """The actor's front door over a one-rank group (the service's own code path)."""
-    from services.actor.front import ActorFront
+    from tandem.services.actor.front import ActorFront
+
     from tandem.config import load_config
 
     cfg = load_config(None, [
@@ -91,8 +92,8 @@ def test_two_minibatches_second_is_off_policy(megatron_dist, arithmetic_tokenize
 
 
 def test_sft_reduces_loss_on_repeated_batch(worker, arithmetic_tokenizer):
-    from controller.data import Example
-    from controller.sft import sft_batch
+    from tandem.controller.data import Example
+    from tandem.controller.sft import sft_batch
 
     tok = arithmetic_tokenizer
     examples = [Example([tok.bos_token_id] + tok(t, add_special_tokens=False)["input_ids"], t,

@@ -1,8 +1,8 @@
 """async_training's keys: each bad value is a ConfigError naming its key; a colocated rollout
 stays synchronous; one_step_off's fixed bounds."""
 import pytest
+from tandem.controller.async_train import bounds_of
 
-from controller.async_train import bounds_of
 from tandem.config import ConfigError, load_config
 
 STANDALONE = "actor_rollout_ref.rollout.mode=standalone"

@@ -12,8 +12,7 @@ import pathlib
 
 import pytest
 import yaml
-
-from controller.launchers import commands, compose_file
+from tandem.controller.launchers import commands, compose_file
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates the compose file (pip install jsonschema)")
 
@@ -33,7 +32,7 @@ def schema_errors(doc: dict) -> list[str]:
 
 
 def test_committed_file_is_the_generated_one():
-    assert compose_file.main([str(COMPOSE), "--check"]) == 0, "regenerate: python -m controller.launchers.compose_file"
+    assert compose_file.main([str(COMPOSE), "--check"]) == 0, "regenerate: python -m tandem.controller.launchers.compose_file"
     assert COMPOSE.read_text() == compose_file.render()
 
 
@@ -69,7 +68,7 @@ def test_every_role_runs_the_shared_command_with_health_checks(doc):
             assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "tandem.rpc.healthcheck", f"127.0.0.1:{port}"]
             assert "runs:/runs" in svc["volumes"]
             assert svc["depends_on"] == {"prepare": {"condition": "service_completed_successfully"}}
-    assert services["controller"]["command"] == ["python", "-m", "controller", "run", compose_file.SPEC_CONFIG]
+    assert services["controller"]["command"] == ["python", "-m", "tandem.controller", "run", compose_file.SPEC_CONFIG]
 
 
 def test_gpu_profiles_reserve_a_gpu_per_model_service_and_cpu_profiles_none(doc):

@@ -82,7 +82,7 @@ def test_grpo_n1_is_fine_for_gae():
 
 
 def _tandem(*args):
-    return subprocess.run([sys.executable, "-m", "controller", "run", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "tandem.controller", "run", *args], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -75,8 +75,8 @@ def test_loss_modes_are_the_algos_registries():
 
 def test_lists_kept_in_config_equal_the_controllers():
     """The controller owns these; the library may not import it, so the copies are pinned here."""
-    from controller.dapo import METRIC_COLUMNS
-    from controller.tracking import KNOWN_LOGGERS
+    from tandem.controller.dapo import METRIC_COLUMNS
+    from tandem.controller.tracking import KNOWN_LOGGERS
 
     assert trainer.LOGGERS == KNOWN_LOGGERS
     assert error_of("trainer.logger=[neptune]").endswith("known: " + ", ".join(KNOWN_LOGGERS))

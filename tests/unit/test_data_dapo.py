@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 from structlog.testing import capture_logs
+from tandem.controller.dapo import collect_varied_groups
+from tandem.controller.data import Cursor, collate, load_examples
 
-from controller.dapo import collect_varied_groups
-from controller.data import Cursor, collate, load_examples
 from tandem.config import load_config
 from tandem.data.batch import DataProto
 from tandem.rollout.outputs import concat_generations
@@ -116,7 +116,7 @@ def test_dynamic_sampling_bound():
 
 
 def test_collate_left_pads():
-    from controller.data import Example
+    from tandem.controller.data import Example
 
     b = collate([Example([1, 5], "a", "1", "s", {}), Example([1, 6, 7], "b", "2", "s", {})], pad_id=0)
     assert b["input_ids"].tolist() == [[0, 1, 5], [1, 6, 7]] and b["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]

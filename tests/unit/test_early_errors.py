@@ -104,7 +104,7 @@ def test_cli_stops_before_any_service(tmp_path):
     """The issue's case: weights and config.json but no tokenizer used to fail 16 s into the run."""
     model = model_dir(tmp_path / "m")
     shutil.copy(model / "config.json", tmp_path / "config.json")
-    r = subprocess.run([sys.executable, "-m", "controller", "run", f"actor_rollout_ref.model.path={model}",
+    r = subprocess.run([sys.executable, "-m", "tandem.controller", "run", f"actor_rollout_ref.model.path={model}",
                         f"trainer.default_local_dir={tmp_path}/runs"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "has no tokenizer files" in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "runs").exists()  # no run directory, no service

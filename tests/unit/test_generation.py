@@ -82,7 +82,8 @@ def test_chunked_generation_equals_one_block(model):
 
 @pytest.fixture(scope="module")
 def actor(megatron_dist, arithmetic_tokenizer):
-    from services.actor.worker import ActorWorker
+    from tandem.services.actor.worker import ActorWorker
+
     from tandem.config import load_config
 
     cfg = load_config(None, [

@@ -3,7 +3,9 @@
 - the controller never loads megatron (it only talks to services);
 - a service never imports another service (services/<a> -/-> services.<b>);
 - the library (tandem/) never imports services or controller;
-- only the wire edge imports the generated tandem.v1 messages.
+- only the wire edge imports the generated tandem.v1 messages;
+- code imports services/ and controller/ by their installed names (tandem.services, tandem.controller):
+  a module imported under two names is two modules (two registries, two loggers' state).
 """
 import ast
 import fnmatch
@@ -57,6 +59,25 @@ def imported_modules(path: pathlib.Path) -> set[str]:
             name = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
             if name in ("import_module", "__import__"):
                 out.add(node.args[0].value)
+    return {_folder_name(n) for n in out}
+
+
+def _folder_name(module: str) -> str:
+    """tandem.services.x / tandem.controller.x (their installed names) -> services.x / controller.x,
+    the folders' own names, which the rules below are written in."""
+    for top in ("services", "controller"):
+        if under(module, f"tandem.{top}"):
+            return module[len("tandem."):]
+    return module
+
+
+def bare_folder_imports(path: pathlib.Path) -> list[str]:
+    """Absolute imports of services/controller by the folder names (not tandem.services/...)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and not node.level and node.module else []
+        out += [n for n in names if under(n, "services") or under(n, "controller")]
     return out
 
 
@@ -72,6 +93,7 @@ def test_the_scan_sees_imports():
     """The scanner itself works (else every rule below would pass vacuously)."""
     assert "tandem.v1.actor_pb2" in imported_modules(ROOT / "services/actor/servicer.py")
     assert "services.actor.worker" in imported_modules(ROOT / "services/actor/hybrid.py")
+    assert "from tandem.services.actor.worker import" in (ROOT / "services/actor/hybrid.py").read_text()
     assert "controller.launchers" in imported_modules(ROOT / "controller/run.py")
     assert len(source_files("services")) >= 10 and len(source_files("tandem")) >= 30
 
@@ -85,11 +107,22 @@ def megatron_modules_after(imports: str) -> list[str]:
 
 
 def test_controller_does_not_load_megatron():
-    loaded = megatron_modules_after("import controller.run, controller.step, controller.launchers.local, "
-                                    "controller.__main__, controller.service.server, controller.service.cli")
+    loaded = megatron_modules_after("import tandem.controller.run, tandem.controller.step, "
+                                    "tandem.controller.launchers.local, tandem.controller.__main__, "
+                                    "tandem.controller.service.server, tandem.controller.service.cli")
     assert loaded == [], f"importing the controller loaded {loaded[:10]}"
     # control: the same check does see megatron once something loads it
-    assert "megatron.core" in megatron_modules_after("import controller.run, megatron.core")
+    assert "megatron.core" in megatron_modules_after("import tandem.controller.run, megatron.core")
+
+
+def test_code_imports_the_installed_names(tmp_path):
+    tops = ("tandem", "services", "controller", "tests", "bench", "deploy")
+    offenders = [f"{rel(p)} imports {n}" for top in tops for p in source_files(top) for n in bare_folder_imports(p)]
+    assert not offenders, "import tandem.services/tandem.controller, not the folders:\n" + "\n".join(offenders)
+    # control: the scan sees a bare import
+    probe = tmp_path / "probe.py"
+    probe.write_text("from controller.run import Run\nimport services.actor.worker\nimport tandem.controller.run\n")
+    assert bare_folder_imports(probe) == ["controller.run", "services.actor.worker"]
 
 
 def test_services_do_not_import_each_other():

@@ -11,10 +11,10 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from tandem.controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, get_launcher
+from tandem.controller.launchers.compose import ComposeLauncher, compose_address
+from tandem.controller.launchers.ray import placement
 
-from controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, get_launcher
-from controller.launchers.compose import ComposeLauncher, compose_address
-from controller.launchers.ray import placement
 from tandem.config import ConfigError, load_config
 from tandem.config.checks import placement as placement_checks
 from tandem.logging import get_logger
@@ -49,7 +49,7 @@ def test_bad_launcher_host_and_placement_are_config_errors_naming_the_key():
 def test_service_command_is_one_place():
     argv = commands.service_argv("critic", "/r/config.yaml", host="0.0.0.0", port=50053, run_id="r1",
                                  python="python")
-    assert argv == ["python", "-m", "services.critic", "--config", "/r/config.yaml", "--host", "0.0.0.0",
+    assert argv == ["python", "-m", "tandem.services.critic", "--config", "/r/config.yaml", "--host", "0.0.0.0",
                     "--port", "50053", "--run-id", "r1"]
     ranked = commands.service_argv("actor", "c.yaml", host="h", port_file="p", rank=1, python="py")
     assert ranked[-4:] == ["--port-file", "p", "--rank", "1"]
@@ -121,7 +121,7 @@ def test_compose_launcher_waits_for_named_services_and_names_the_missing_one(hea
 
 
 def test_prepare_writes_the_spec_and_refuses_bad_keys(tmp_path, capsys, monkeypatch):
-    from controller import prepare
+    from tandem.controller import prepare
 
     spec = tmp_path / "spec"
     assert prepare.main([str(spec), "trainer.launcher=k8s"]) == 2

@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import pytest
-
-from services.reward import registry
-from services.reward.registry import (
+from tandem.services.reward import registry
+from tandem.services.reward.registry import (
     REWARD_RULES,
     get_rule,
     register_rule,
     rule_for_data_source,
 )
-from services.reward.rules.arithmetic import score_exact_match
-from services.reward.rules.gsm8k import extract_answer, score_gsm8k
-from services.reward.rules.math_boxed import (
+from tandem.services.reward.rules.arithmetic import score_exact_match
+from tandem.services.reward.rules.gsm8k import extract_answer, score_gsm8k
+from tandem.services.reward.rules.math_boxed import (
     last_boxed_content,
     normalize_answer,
     score_math_boxed,
 )
-from services.reward.worker import RewardWorker
+from tandem.services.reward.worker import RewardWorker
 
 # --- arithmetic ---------------------------------------------------------------
 

@@ -4,9 +4,9 @@ The restart policy (`recover`) on records left running."""
 import time
 
 import pytest
+from tandem.controller.service.queue import recover
+from tandem.controller.service.records import Records, RunRecord
 
-from controller.service.queue import recover
-from controller.service.records import Records, RunRecord
 from tandem.config import load_config, to_yaml
 
 

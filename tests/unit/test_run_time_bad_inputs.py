@@ -58,7 +58,7 @@ def test_nan_in_a_checkpoint_names_the_checkpoint_and_tensor(megatron_dist, tmp_
     fresh, fresh_opt = policy_and_optimizer()
     before = {k: v.clone() for k, v in fresh.state_dict().items() if isinstance(v, torch.Tensor)}
     with pytest.raises(ValueError, match=rf"checkpoint '{path}': tensor 'policy\.decoder\.layers\.1\.mlp\."
-                                         "linear_fc2\.weight' contains NaN or inf"):
+                                         r"linear_fc2\.weight' contains NaN or inf"):
         checkpoint.load_models(path, {"policy": fresh}, fresh_opt)
     after = fresh.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())  # nothing was loaded
@@ -81,7 +81,8 @@ def test_a_checkpoint_that_cannot_be_resharded_names_the_tensor(megatron_dist, t
 
 
 def _step_context(estimator: str):
-    from controller.step import StepContext
+    from tandem.controller.step import StepContext
+
     from tandem.algos.kl import get_kl_controller
     from tandem.config import load_config
 
@@ -91,7 +92,7 @@ def _step_context(estimator: str):
 
 @pytest.mark.parametrize("where", ["seq_reward", "values"])
 def test_nan_reaching_the_advantages_names_its_source(where):
-    from controller.step import LogProbs, compute_advantages
+    from tandem.controller.step import LogProbs, compute_advantages
 
     mask = torch.ones(4, 3, dtype=torch.long)
     gen = DataProto(tensors={"response_mask": mask, "seq_reward": torch.tensor([1.0, 0.0, 1.0, 1.0])})
@@ -109,7 +110,7 @@ def test_nan_reaching_the_advantages_names_its_source(where):
 
 
 def test_a_prompt_that_tokenizes_to_nothing_is_skipped_and_counted(tmp_path, arithmetic_tokenizer):
-    from controller.data import load_examples
+    from tandem.controller.data import load_examples
 
     rows = [{"prompt": [{"role": "user", "content": c}], "reward_model": {"ground_truth": g},
              "data_source": "tandem/arithmetic"} for c, g in [("1+2=", "3"), ("", "0"), ("4+4=", "8"), ("", "1")]]
@@ -125,7 +126,8 @@ def test_a_prompt_that_tokenizes_to_nothing_is_skipped_and_counted(tmp_path, ari
 
 def test_run_counts_skipped_rows_in_its_summary(tmp_path, arithmetic_tokenizer):
     """The count reaches summary.json (a Run opened on data with an empty prompt; no services)."""
-    from controller.run import Run
+    from tandem.controller.run import Run
+
     from tandem.config import load_config
 
     tok_dir = tmp_path / "tok"

@@ -7,9 +7,9 @@ tests/unit/test_actor_worker.py and end to end in tests/e2e/test_tandem_run.py).
 import asyncio
 
 import pytest
+from tandem.controller.data import Example
+from tandem.controller.sft import BUILTIN_STOP_AT_ACCURACY, resolve_stop, run_sft, split_dev
 
-from controller.data import Example
-from controller.sft import BUILTIN_STOP_AT_ACCURACY, resolve_stop, run_sft, split_dev
 from tandem.config import ConfigError, SftConfig, load_config
 
 
@@ -110,7 +110,7 @@ def test_with_the_stop_off_its_other_keys_are_not_checked():
 
 
 def test_auto_is_the_builtin_threshold_on_the_builtin_task_and_off_on_your_data(tmp_path):
-    from controller.run_dir import create_run_dir
+    from tandem.controller.run_dir import create_run_dir
 
     assert load_config(None, []).trainer.sft.stop_at_accuracy == "auto"  # the default
     assert resolve_stop(SftConfig(), builtin_task=True).stop_at_accuracy == BUILTIN_STOP_AT_ACCURACY

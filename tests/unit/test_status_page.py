@@ -3,8 +3,8 @@ and text from records escaped (no markup injection through a run's log or error)
 import re
 import urllib.request
 
-from controller.service.records import Records, RunRecord
-from controller.service.status_page import run_page, runs_page, start_status_page, svg_chart
+from tandem.controller.service.records import Records, RunRecord
+from tandem.controller.service.status_page import run_page, runs_page, start_status_page, svg_chart
 
 
 def test_svg_chart_has_a_point_per_step():

@@ -7,9 +7,8 @@ import math
 import os
 
 import pytest
-
-from controller.plot import plot_run
-from controller.tracking import Tracking
+from tandem.controller.plot import plot_run
+from tandem.controller.tracking import Tracking
 
 
 def _read_jsonl(path: str) -> list[dict]:

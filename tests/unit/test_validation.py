@@ -2,8 +2,7 @@
 and metric names, worked by hand on tiny inputs."""
 import numpy as np
 import pytest
-
-from controller.validation import (
+from tandem.controller.validation import (
     _bootstrap_stats,
     bootstrap_metric,
     calc_maj_val,

@@ -104,7 +104,7 @@ def test_shard_pairs_invert_tp1_tensor():
 
 
 def test_split_prompts_balances_tokens_and_keeps_order():
-    from controller.rollout_replicas import replica_roles, split_prompts
+    from tandem.controller.rollout_replicas import replica_roles, split_prompts
 
     assert split_prompts([1] * 8, 2) == [(0, 4), (4, 8)]
     assert split_prompts([10, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 11)]  # 10 | 10

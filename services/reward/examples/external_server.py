@@ -6,7 +6,7 @@ language from protos/tandem/v1/{reward,data}.proto. Its rule differs from the bu
 on purpose: a row scores 1.0 when the response contains the ground truth as a whole-number
 token ("the answer is 168." matches "168"; "1680" and "16.8" do not), else 0.0.
 
-    python -m services.reward.examples.external_server --port 0 --port-file F
+    python -m tandem.services.reward.examples.external_server --port 0 --port-file F
     tandem run services.reward.endpoint=127.0.0.1:PORT   # the controller attaches to it
 
 Locked: --token-file F / --token-env VAR requires `authorization: Bearer <token>` on every call
