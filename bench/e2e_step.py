@@ -4,6 +4,10 @@
     python bench/e2e_step.py --shape 0.5b --steps 5 --out /tmp/e2e \
         --compare actor_rollout_ref.actor.use_torch_compile=false      # before / after in one call
     python bench/e2e_step.py --tiny --out /tmp/e2e-tiny                        # CPU smoke (fp32)
+    python bench/e2e_step.py --shape 0.5b --steps 4 --out /tmp/e2e-prof \
+        actor_rollout_ref.actor.profile.use_profile=true actor_rollout_ref.actor.profile.step_start=3 \
+        actor_rollout_ref.actor.profile.step_end=4     # trace of step 3: runs/baseline-r0-*/profile/
+    python bench/trace_gaps.py /tmp/e2e-prof/runs/baseline-r0-*/profile/actor_rank0_step3.json
 
 Builds a random-init Qwen2.5-shaped checkpoint (bench/random_qwen2.py) and the data (prompts of
 --prompt-min..--prompt-max characters of the built-in task's alphabet, sums of several numbers)
