@@ -248,7 +248,9 @@ def main(argv=None) -> int:
               f"- config: {a.prompts} prompts x {a.n}, prompts {a.prompt_min}-{a.prompt_max} chars, {a.new_tokens} new "
               f"tokens, mini-batch {a.mini_batch or a.prompts} prompts, "
               f"micro-batch {8 if a.tiny else a.micro_batch} rows, "
-              f"KL loss, {'fp32 CPU' if a.tiny else 'bf16'}, colocated; {a.steps} steps per run, medians of steps 2..N",
+              f"KL loss, {'fp32 CPU' if a.tiny else 'bf16'}, colocated; "
+              f"{a.steps} steps per run, medians of steps 2..N; "
+              "MFU = the phase's model FLOPs / its time / the matmul rate above",
               "", HEAD, "| --- " * 14 + "|"]
     print("\n".join(header), flush=True)
     results = os.path.join(a.out, "results.md")
