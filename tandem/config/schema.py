@@ -7,7 +7,7 @@ in checks/ and model_file.py. Nothing here reads files or checks values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -62,6 +62,15 @@ class PolicyLossConfig:
 
 
 @dataclass
+class ProfileConfig:  # verl's `profile` keys (torch.profiler): tandem/serving/call_observer.py
+    use_profile: bool = False
+    profile_ranks: Optional[List[int]] = None  # the service's ranks to trace; None: [0] (verl's)
+    step_start: int = -1  # trace RL steps step_start <= step < step_end (steps count from 1)
+    step_end: int = -1
+    save_path: Optional[str] = None  # None: <run dir>/profile; a relative path: under the run dir
+
+
+@dataclass
 class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-4, lr_warmup_steps=10))
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -83,6 +92,7 @@ class ActorConfig:
     # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only;
     # tandem/models/compile.py). CPU runs stay eager.
     use_torch_compile: bool = True
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass
@@ -104,7 +114,8 @@ class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
     chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
     streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
     bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
-    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous (at most 600: the source's cap)
+    store_hosts: list[str] = field(default_factory=list)  # the actor: rendezvous hosts it joins besides a caller's own
 
 
 @dataclass
@@ -123,6 +134,7 @@ class RolloutConfig:
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # standalone: the rollout service's
 
 
 @dataclass
@@ -134,6 +146,7 @@ class RefMegatronConfig:  # the reference shares the actor's layout; verl's offl
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 64
     megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # the reference lives in the actor service
 
 
 @dataclass
@@ -155,6 +168,7 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     init_from_policy: bool = True  # trunk from the (SFT) policy, fresh value head
     use_torch_compile: bool = True  # as actor_rollout_ref.actor.use_torch_compile
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass

@@ -99,7 +99,9 @@ MEMORY = "a memory/speed knob with no counterpart: memory is bounded by ppo_micr
 ENGINE = "a setting of verl's vLLM/SGLang engines: Tandem generates with its own engine on the policy's " \
          "megatron modules (tandem/generation/)"
 SCHEDULE = "Tandem's LR schedule is linear warmup over optim.lr_warmup_steps, then constant"
-PROFILE = "profiling: use bench/profile_actor.py (torch.profiler) instead"
+PROFILE = "verl's newer profiler settings are not offered: use verl's earlier `profile` keys, which Tandem " \
+          "has (actor_rollout_ref.actor.profile.use_profile, .profile_ranks, .step_start, .step_end, .save_path; " \
+          "also rollout.profile, critic.profile): torch.profiler traces by role, rank and step"
 LORA = "LoRA is not offered (full fine-tuning only)"
 MM = "multi-modal data and models are not supported"
 RM = "a setting of verl's reward-model workers: Tandem's reward model runs in the reward service " \
