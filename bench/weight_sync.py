@@ -1,19 +1,22 @@
 """Weight sync benchmarks: the weight plane's transports, and the TP=2 -> TP=1 gather.
 
-    python bench/weight_sync.py [--shapes 0.5b,1.5b,7b,14b] [--transports ipc,collective,stream] [--reps 3]
+    python bench/weight_sync.py [--shapes 0.5b,1.5b,7b,14b] [--transports ipc,collective,stream] [--reps 3] [--out DIR]
     python bench/weight_sync.py --part gather [--shapes 0.5b,1.5b] [--reps 5]   # two GPUs (or CPU)
 
 Transports (the default part): a source process (a model at the shape whose parameters are its
 export, served by the library's WeightSource over gRPC) and a sink process (a one-rank rollout:
 the library's WeightReceiver and WeightStaging) on the same GPU (ipc, stream) and, with two GPUs,
 on the other one (collective = NCCL, stream); on CPU both on the host (stream, collective =
-gloo). For each: seconds per sync (manifest, transfer, checks and the swap into the parameters)
+gloo; ipc = a shared-memory file on CPU). For each: seconds per sync (manifest, transfer, checks and the swap into the parameters)
 and GB/s, beside what the same run measures in the sink process: the swap alone, the colocated
 TP=1 copy (RolloutWorker.load_weights from TP=1 tensors on the same device: what a colocated
 rollout's TP=1 copy does each generation), one device copy of the model's bytes, and a plain
 TCP transfer on 127.0.0.1 between two processes (the stream's ceiling on one host). Every sync is
-checked against the source's per-tensor byte sums. CPU (no CUDA, or TANDEM_BENCH_TINY=1): fp32
-shapes cpu-small and cpu-700mb. Rank 0 prints markdown tables.
+checked against the source's per-tensor byte sums. The ipc rows also get a per-phase table
+(ShareWeights RPC, opening the shared buffer, the copy, the checks, the swap; the first sync
+apart, which opens the handle). CPU (no CUDA, or TANDEM_BENCH_TINY=1): fp32 shapes cpu-small and
+cpu-700mb. Rank 0 prints markdown tables; each shape runs in its own processes and is printed
+when done (a failed shape is reported, the others still run).
 
 Gather (--part gather): two ranks (one GPU each, NCCL; gloo on CPU) build a Qwen2.5-shaped
 policy in bf16 at TP=2 and run tandem.convert.reshard.tp1_weights, "bucketed" (one all-gather per
@@ -109,6 +112,7 @@ def main() -> None:
     p.add_argument("--chunk-mb", type=float, default=1.0, help="stream chunk (weight_sync.chunk_mb)")
     p.add_argument("--bucket-mb", type=int, default=256, help="collective bucket (weight_sync.bucket_mb)")
     p.add_argument("--streams", type=int, default=2, help="parallel streams (weight_sync.streams)")
+    p.add_argument("--out", help="also write the results as JSON into this directory")
     a = p.parse_args()
     if a.part == "transports":
         from weight_sync_transports import run_transports

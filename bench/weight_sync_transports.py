@@ -77,19 +77,18 @@ def byte_sums(tensors) -> list[int]:
 def source(name: str, port_file: str, sums_file: str) -> None:
     from tandem.rpc.server import run_server, serve
     from tandem.serving.worker_thread import WorkerThread
-    from tandem.weights.source import WeightSource, _snapshot_of
+    from tandem.weights.source import WeightSource
     from tandem.weights.source_servicer import WeightSourceServicer
 
     shape, model = build(name, seed=1)
     weights = tp1_params(model, shape)
-    flat = _snapshot_of(1, 0, weights, None).flat  # what each new version costs the source (GPU: a copy)
-    snapshot_s = _timed(lambda: _snapshot_of(1, 0, weights, flat), 3)
-    with open(sums_file, "w") as f:
-        json.dump({"sums": byte_sums(weights.values()), "snapshot_s": snapshot_s}, f)
-    del flat
     thread = WorkerThread("bench-source")
     servicer = WeightSourceServicer()
     servicer.weights = WeightSource(lambda: (1, 0, weights), thread.run, lambda: 0)
+    # what each new version costs the source (GPU: a copy into its export buffer, stamps, word sum)
+    snapshot_s = _timed(lambda: servicer.weights._snapshot_of(1, 0, weights), 3)
+    with open(sums_file, "w") as f:
+        json.dump({"sums": byte_sums(weights.values()), "snapshot_s": snapshot_s}, f)
     run_server(serve([("tandem.v1.ActorService", servicer)], role="bench-source", port_file=port_file))
 
 
@@ -130,8 +129,8 @@ def sink(name: str, endpoint: str, transports: str, reps: int, chunk_mb: float, 
     async def run():
         receiver = WeightReceiver(group, staging, thread, cfg, "127.0.0.1")
         for kind in transports.split(","):
-            await receiver.sync(1, endpoint, kind, True)  # warm-up: joins a group, opens handles
-            seconds, transfer, sockets = [], [], []
+            first = await receiver.sync(1, endpoint, kind, True)  # warm-up: joins a group, opens handles
+            seconds, transfer, sockets, phases = [], [], [], []
             for _ in range(reps):
                 if kind == "stream":  # the loopback baselines right before each stream (shared, noisy hosts)
                     n = min(staging.expected.total_bytes, 1 << 30)
@@ -139,8 +138,11 @@ def sink(name: str, endpoint: str, transports: str, reps: int, chunk_mb: float, 
                 result = await receiver.sync(1, endpoint, kind, True)
                 seconds.append(result.seconds)
                 transfer.append(result.transfer_seconds)
+                phases.append(dict(result.breakdown, opened=float(result.opened)))
             ok = byte_sums(tp1_params(model, shape).values()) == want
-            out["transports"][kind] = {"seconds": seconds, "transfer": transfer, "socket_gbps": sockets, "verified": ok}
+            out["transports"][kind] = {"seconds": seconds, "transfer": transfer, "socket_gbps": sockets, "verified": ok,
+                                       "phases": phases, "first": dict(first.breakdown, seconds=first.seconds,
+                                                                       opened=float(first.opened))}
 
     placements = [T.local_placement()]
     names = [t for t in transports.split(",") if t]
@@ -218,7 +220,7 @@ def _wait_for(path: str, proc, timeout_s: float = 600) -> str:
 def _sinks(gpus: int) -> list[tuple[str, str | None, list[str]]]:
     """(label, CUDA_VISIBLE_DEVICES of the sink, the transports that fit there); the source is on GPU 0."""
     if not gpus:
-        return [("host (CPU)", None, ["stream", "collective"])]
+        return [("host (CPU)", None, ["ipc", "stream", "collective"])]  # ipc on CPU: a shared-memory file
     out = [("same GPU", "0", ["ipc", "stream"])]
     if gpus > 1:
         out.append(("other GPU", "1", ["collective", "stream"]))
@@ -257,24 +259,46 @@ def measure(name: str, a) -> list[dict]:
     return rows
 
 
+PHASES = ("manifest", "rpc", "open", "copy", "check", "commit")
+
+
 def run_transports(a) -> None:
+    """Each shape in its own processes; its rows printed as soon as it is measured (a shape that
+    fails is reported and the others still run); everything also written to --out/transports.json."""
     from tandem.parallel import device
 
     shapes = (a.shapes or ("0.5b,1.5b,7b,14b" if device.has_cuda() and not os.environ.get("TANDEM_BENCH_TINY")
                            else "cpu-small,cpu-700mb")).split(",")
-    rows = [r for name in shapes for r in measure(name, a)]
     import megatron.core
 
     where = (f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}" if device.has_cuda()
              else f"CPU ({os.cpu_count()} cores)")
     print(f"\n- machine: {where}, torch {torch.__version__}, megatron-core {megatron.core.__version__}; "
-          f"mean of {a.reps} syncs after a warm-up; {a.streams} streams of {a.chunk_mb:g} MiB chunks, collective buckets "
-          f"{a.bucket_mb} MiB; transfer: moving the bytes into the staging buffer (the sync also reads the "
+          f"mean of {a.reps} syncs after a warm-up; {a.streams} streams of {a.chunk_mb:g} MiB chunks, collective "
+          f"buckets {a.bucket_mb} MiB; transfer: moving the bytes into the staging buffer (the sync also reads the "
           "manifest, checks and swaps); transfer / loopback TCP: the median over the syncs of the stream's transfer "
           "GB/s over that of a plain TCP transfer of the same bytes (up to 1 GiB) from one buffer into another, and "
           "over that of 1 MiB sent again and again (hot in cache: the link's peak), both between two processes on "
           "127.0.0.1 and run just before each sync; source snapshot: what each new version costs the source before "
-          "any replica syncs (GPU: one copy into its flat buffer; the syncs here repeat one version)")
+          "any replica syncs (GPU: one copy into its export buffer, its stamps and word sum; the syncs here repeat "
+          "one version); ipc on CPU: the same protocol over a shared-memory file", flush=True)
+    results, out = [], getattr(a, "out", None)
+    for name in shapes:
+        try:
+            rows = measure(name, a)
+        except Exception as e:  # noqa: BLE001 - one shape's failure must not lose the others
+            print(f"\n{name}: FAILED: {e}", flush=True)
+            results.append(dict(shape=name, failed=str(e)))
+            continue
+        results += rows
+        print_rows(rows)
+        if out:
+            os.makedirs(out, exist_ok=True)
+            with open(os.path.join(out, "transports.json"), "w") as f:
+                json.dump(results, f, indent=1)
+
+
+def print_rows(rows: list[dict]) -> None:
     print("\n| shape | sink | transport | model bytes | sync | sync GB/s | transfer GB/s | swap alone "
           "| source snapshot | colocated TP=1 copy | sync / colocated | (sync + snapshot) / colocated "
           "| one device copy of the bytes | sync / device copy | transfer / loopback TCP | checked |")
@@ -298,6 +322,25 @@ def run_transports(a) -> None:
               f"| {(sync + r['snapshot_s']) / r['colocated_s']:.2f} | {copy_s * 1e3:.1f} ms | {sync / copy_s:.1f} "
               f"| {vs_socket} "
               f"| {'yes' if r['verified'] else 'NO'} |")
+    ipc = [r for r in rows if r.get("transport") == "ipc" and "phases" in r]
+    if not ipc:
+        return
+    print("\nipc sync, per phase (ms; mean over the timed syncs; first: the warm-up sync, which opens the handle "
+          "and reads the manifest): manifest = GetWeightsManifest + transport choice (first sync only), rpc = "
+          "ShareWeights, open = mapping the source's buffer, copy = into the staging buffer, check = the seqlock "
+          "stamps + word sum of the copy, commit = staging -> parameters")
+    print("\n| shape | sync | " + " | ".join(PHASES) + " | other | buffer opened | first sync | first: "
+          + " | first: ".join(PHASES) + " | colocated TP=1 copy | sync / colocated |")
+    print("| --- " * (5 + 2 * len(PHASES) + 3) + "|")
+    for r in ipc:
+        sync = statistics.mean(r["seconds"])
+        mean = {k: statistics.mean(p.get(k, 0.0) for p in r["phases"]) for k in PHASES}
+        first = r["first"]
+        print(f"| {r['shape']} | {sync * 1e3:.2f} | " + " | ".join(f"{mean[k] * 1e3:.2f}" for k in PHASES)
+              + f" | {(sync - sum(mean.values())) * 1e3:.2f} | {sum(p['opened'] for p in r['phases']):.0f} of "
+              f"{len(r['phases'])} | {first['seconds'] * 1e3:.2f} | "
+              + " | ".join(f"{first.get(k, 0.0) * 1e3:.2f}" for k in PHASES)
+              + f" | {r['colocated_s'] * 1e3:.2f} | {sync / r['colocated_s']:.2f} |", flush=True)
 
 
 if __name__ == "__main__":

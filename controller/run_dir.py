@@ -58,9 +58,20 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
                                    data.builtin_val_size, data.seed, data.builtin_fixed_width)
         data = replace(data, train_files=train, val_files=val)
     cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
+    cfg = profile_paths(cfg, run_dir)
     with open(os.path.join(run_dir, CONFIG_FILE), "w") as f:
         f.write(to_yaml(cfg))
     return cfg
+
+
+def profile_paths(cfg: TandemConfig, run_dir: str) -> TandemConfig:
+    """Each `profile` section's save_path made absolute: null -> <run dir>/profile, relative -> under the run dir."""
+    def fix(p):
+        return replace(p, save_path=os.path.join(run_dir, p.save_path or "profile")) if p.use_profile else p
+    a = cfg.actor_rollout_ref
+    a = replace(a, actor=replace(a.actor, profile=fix(a.actor.profile)), ref=replace(a.ref, profile=fix(a.ref.profile)),
+                rollout=replace(a.rollout, profile=fix(a.rollout.profile)))
+    return replace(cfg, actor_rollout_ref=a, critic=replace(cfg.critic, profile=fix(cfg.critic.profile)))
 
 
 def reopen_run_dir(cfg: TandemConfig, ckpt: str) -> tuple[TandemConfig, str]:

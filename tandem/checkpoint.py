@@ -146,7 +146,7 @@ def save_models(path: str, models: dict, optimizer, meta: dict) -> str:
     An optimizer that has not stepped yet has no state to save (a fresh one equals it)."""
     stepped = optimizer.steps > 0
     state = _trained_template(models, optimizer if stepped else None, is_loading=False)
-    state["meta"] = dict(meta, optimizer_steps=optimizer.steps)
+    state["meta"] = dict(meta, optimizer_steps=optimizer.steps, optimizer_format=optimizer.checkpoint_format)
     return save_sharded(state, path)
 
 
@@ -156,7 +156,13 @@ def load_models(path: str, models: dict, optimizer) -> dict:
 
     if not is_checkpoint(path):
         raise FileNotFoundError(f"{path!r} is not a complete Tandem checkpoint directory")
-    steps = int(dist_checkpointing.load_common_state_dict(path)["meta"]["optimizer_steps"])
+    saved = dist_checkpointing.load_common_state_dict(path)["meta"]
+    steps = int(saved["optimizer_steps"])
+    fmt = saved.get("optimizer_format", "plain")  # checkpoints from before the key: the plain optimizer
+    if steps > 0 and fmt != optimizer.checkpoint_format:
+        raise ValueError(f"its optimizer state is in the {fmt} optimizer's format and this role uses the "
+                         f"{optimizer.checkpoint_format} one (megatron.use_distributed_optimizer must be "
+                         f"{str(fmt == 'distributed').lower()} to load it)")
     template = _trained_template(models, optimizer if steps > 0 else None, is_loading=True)
     template["meta"] = {}
     state = load_sharded(stage_on_host(template), path)

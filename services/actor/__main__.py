@@ -39,7 +39,7 @@ class ActorRole(Role):
             targets["rollout"] = hybrid.colocated_rollout_worker(
                 worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
                 rollout.tensor_model_parallel_size)
-        return Built(targets, {"tokenizer": tokenizer})
+        return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release])  # Release drops its offload state
 
     def servicers(self, cfg, built, group, thread):
         worker, tokenizer = built.targets["actor"], built.extras["tokenizer"]

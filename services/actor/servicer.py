@@ -28,7 +28,8 @@ class ActorServicer(WeightSourceServicer):
         def take():  # on the worker thread: no update can run between these reads and the export
             return worker.weights_version, worker.mutations, worker.stage_export()
 
-        self.weights = WeightSource(take, thread.run, lambda: worker.mutations)
+        self.weights = WeightSource(take, thread.run, lambda: worker.mutations,
+                                    store_hosts=worker.cfg.actor_rollout_ref.rollout.weight_sync.store_hosts)
 
     def _decode(self, request, float_keys=()):
         batch = codec.decode_batch(request.batch)

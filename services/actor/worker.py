@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 
 import torch
+from tandem.services.actor.memory import actor_memory
 
 from tandem import checkpoint
 from tandem.algos import metrics as M
@@ -20,6 +21,7 @@ from tandem.models.compile import compile_layers
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.train import losses
+from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
@@ -54,18 +56,23 @@ class ActorWorker:
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
         # MoE: the router's load-balancing loss counts each row's own tokens, so rows keep their prompts
         self.share_prompts = self.actor_cfg.share_prompts and self.shape.moe is None
-        self.set_reference()
+        self._copy_to_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
         self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
         self.exported: dict[str, torch.Tensor] | None = None  # stage_export's copy (rank 0)
+        self.memory = actor_memory(self)  # what each call needs on the device (verl's offload keys)
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
     def log_probs(self, shards: list[DataProto | None], which: str, temperature: float,
                   entropy: bool, micro_rows: int) -> list[DataProto | None]:
         """Per shard: 'log_probs' [B, R] fp32 (+ 'entropys') of `which` ('policy' or 'ref')."""
-        model = self.ddp if which == "policy" else self.ref
+        with self.memory.phase("log_probs" if which == "policy" else "ref_log_probs"):
+            return self._log_probs(self.ddp if which == "policy" else self.ref, shards, temperature,
+                                   entropy, micro_rows)
+
+    def _log_probs(self, model, shards, temperature, entropy, micro_rows):
         model.eval()
 
         @reads_responses_only
@@ -94,14 +101,20 @@ class ActorWorker:
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
                                     on_policy=on_policy)
         shares_prompts(loss_fn, self.share_prompts)
-        return self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
+        with self.memory.phase("train"):
+            out = self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
+            out["steps"].update(memory_metrics("actor"))  # the step's peaks in this process (colocated: all phases)
+        return out
 
     def train_sft(self, shards: list[DataProto]) -> dict:
         """Cross-entropy on batch['loss_mask'] tokens (warm start), its own optimizer."""
         sft = self.cfg.trainer.sft
-        if self.sft_optimizer is None:
-            self.sft_optimizer = Optimizer(self.ddp, OptimConfig(lr=sft.lr, weight_decay=sft.weight_decay))
-        return self._train(self.sft_optimizer, shards, losses.sft_loss, "sft/grad_norm", "sft/lr")
+        with self.memory.phase("train"):
+            if self.sft_optimizer is None:  # offloaded like the RL optimizer (the same override)
+                self.sft_optimizer = Optimizer(self.ddp, OptimConfig(
+                    lr=sft.lr, weight_decay=sft.weight_decay,
+                    override_optimizer_config=self.actor_cfg.optim.override_optimizer_config))
+            return self._train(self.sft_optimizer, shards, losses.sft_loss, "sft/grad_norm", "sft/lr")
 
     def _train(self, optimizer: Optimizer, shards, loss_fn, grad_norm_key: str, lr_key: str) -> dict:
         if self._last_trained is not None and self._last_trained is not optimizer:
@@ -116,6 +129,10 @@ class ActorWorker:
 
     def set_reference(self) -> None:
         """reference := current policy (after the SFT warm start)."""
+        with self.memory.phase("checkpoint"):
+            self._copy_to_reference()
+
+    def _copy_to_reference(self) -> None:
         self.ref.load_state_dict(self.policy.state_dict())
         self.ref.requires_grad_(False)
         self.ref.eval()
@@ -124,18 +141,28 @@ class ActorWorker:
     def export_weights(self) -> dict[str, torch.Tensor]:
         """The policy in the TP=1, PP=1 layout (what a rollout at TP=1 loads) on the CPU, on TP
         rank 0 of DP rank 0 (None elsewhere: the front door uses that one copy)."""
-        weights = self._tp1()
-        return None if weights is None else {k: v.detach().cpu() for k, v in weights.items()}
+        with self.memory.phase("weights"):
+            weights = self._tp1()
+            return None if weights is None else {k: v.detach().cpu() for k, v in weights.items()}
 
     def stage_export(self) -> None:
         """The same weights kept on this rank's device, on global rank 0 only (the weight plane
         reads them there, tandem/weights/source.py; at TP = PP = EP = 1 they are the parameters
-        themselves): `self.exported`."""
+        themselves, or copies of them with param_offload: the weight plane reads them after this
+        call, when the parameters' storage may be in host memory): `self.exported`."""
         import torch.distributed as dist
 
         self.exported = None  # the previous version's copy goes before the new one is built
-        weights = self._tp1()
+        with self.memory.phase("weights"):
+            weights = self._tp1()
+            if weights is not None and self.memory.groups["policy"].offload and _views_of(weights, self.policy):
+                weights = {k: v.clone() for k, v in weights.items()}
         self.exported = weights if dist.get_rank() == 0 else None
+
+    def release(self) -> None:
+        """The run is released: the offload state (stashed bytes, pinned host buffers) goes with it."""
+        self.exported = None
+        self.memory.drop()
 
     def _tp1(self) -> dict[str, torch.Tensor] | None:
         """The TP=1 layout in the weight table's order on TP rank 0 of DP rank 0 (on the device);
@@ -164,16 +191,25 @@ class ActorWorker:
         """The policy as a Hugging Face checkpoint (TP shards gathered; TP rank 0 of DP rank 0 writes)."""
         from tandem.convert.hf_export import export_hf
 
-        export_hf(self.policy, self.shape, out_dir, self.architecture, tokenizer_dir=tokenizer_dir)
+        with self.memory.phase("weights"):
+            export_hf(self.policy, self.shape, out_dir, self.architecture, tokenizer_dir=tokenizer_dir)
         return out_dir
 
     def save(self, path: str, meta: dict) -> str:
-        return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
+        with self.memory.phase("checkpoint"):
+            return checkpoint.save_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer, meta)
 
     def load(self, path: str) -> dict:
-        meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
+        with self.memory.phase("checkpoint"):
+            meta = checkpoint.load_models(path, {"policy": self.policy, "ref": self.ref}, self.optimizer)
         self._last_trained = self.optimizer  # loaded together with the weights
         return meta
+
+
+def _views_of(weights: dict[str, torch.Tensor], model) -> bool:
+    """Whether any of `weights` shares storage with `model`'s parameters."""
+    ptrs = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    return any(t.untyped_storage().data_ptr() in ptrs for t in weights.values())
 
 
 def _architecture(hf_dir: str | None) -> str:

@@ -30,7 +30,8 @@ class CriticRole(Role):
         return cfg.critic.megatron.seed
 
     def build(self, cfg) -> Built:
-        return Built({"critic": CriticWorker(cfg, len(load_tokenizer(cfg)))})
+        worker = CriticWorker(cfg, len(load_tokenizer(cfg)))
+        return Built({"critic": worker}, closers=[worker.memory.drop])  # Release drops its offload state
 
     def servicers(self, cfg, built, group, thread):
         return {SERVICE: CriticServicer(CriticFront(group, built.targets["critic"]), thread)}

@@ -1,7 +1,9 @@
 """CriticWorker: this rank's shard of the value model (GPTModel trunk + scalar head).
 
 Plain Python, no gRPC; the front door (services/critic/front.py) lays batches out over
-DP ranks and runs the same method on every rank.
+DP ranks and runs the same method on every rank. Memory (tandem/train/phases.py): with
+critic.megatron.{param,grad,optimizer}_offload the critic's state leaves the GPU after each
+call (the critic is its own process, and may share the GPU with the actor and its rollout).
 """
 from __future__ import annotations
 
@@ -16,11 +18,15 @@ from tandem.data.batch import DataProto
 from tandem.models.scalar_head import build_scalar_model
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
+from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
+from tandem.train.phases import MemoryPhases, grads_group, optimizer_group, params_group
 from tandem.train.schedule import run_schedule
 from tandem.train.step import train_steps
+
+CRITIC_PHASES = {"values": {"params"}, "train": {"params", "grads", "optimizer"}, "checkpoint": {"params", "optimizer"}}
 
 
 class CriticWorker:
@@ -34,9 +40,17 @@ class CriticWorker:
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
         self.load_balancing = load_balancing(self.model, self.shape, m, cfg.actor_rollout_ref.model)
+        self.memory = MemoryPhases(CRITIC_PHASES, idle_after_call=True)
+        self.memory.add(params_group("params", self.model, m.param_offload))
+        self.memory.add(grads_group(self.ddp, m.grad_offload))
+        self.memory.add(optimizer_group(lambda: [self.optimizer], self.model, m.optimizer_offload))
 
     @torch.no_grad()
     def values(self, shards: list[DataProto | None], micro_rows: int) -> list[DataProto | None]:
+        with self.memory.phase("values"):
+            return self._values(shards, micro_rows)
+
+    def _values(self, shards: list[DataProto | None], micro_rows: int) -> list[DataProto | None]:
         self.ddp.eval()
 
         def loss_fn(output, mb):
@@ -53,19 +67,27 @@ class CriticWorker:
     def update(self, shards: list[DataProto]) -> dict:
         loss_fn = functools.partial(losses.critic_loss, cfg=self.critic_cfg)
         micro_rows = self.critic_cfg.ppo_micro_batch_size_per_gpu
-        with self.load_balancing.update(shards, micro_rows, M.CRITIC_MOE_LOAD_BALANCING_LOSS) as moe_metrics:
+        with self.memory.phase("train"), \
+                self.load_balancing.update(shards, micro_rows, M.CRITIC_MOE_LOAD_BALANCING_LOSS) as moe_metrics:
             out = train_steps(self.ddp, self.optimizer, shards, micro_rows, loss_fn, M.CRITIC_GRAD_NORM, "critic/lr")
+            out["steps"].update(memory_metrics("critic"))
         out["weighted"].update(moe_metrics)
         return out
 
     def save(self, path: str, meta: dict) -> str:
-        return checkpoint.save_models(path, {"critic": self.model}, self.optimizer, meta)
+        with self.memory.phase("checkpoint"):
+            return checkpoint.save_models(path, {"critic": self.model}, self.optimizer, meta)
 
     def load(self, path: str) -> dict:
-        return checkpoint.load_models(path, {"critic": self.model}, self.optimizer)
+        with self.memory.phase("checkpoint"):
+            return checkpoint.load_models(path, {"critic": self.model}, self.optimizer)
 
     def load_trunk(self, actor_path: str) -> None:
         """The trunk from an actor checkpoint's policy (any TP layout); this value head stays."""
+        with self.memory.phase("checkpoint"):
+            self._load_trunk(actor_path)
+
+    def _load_trunk(self, actor_path: str) -> None:
         trunk = {k: v for k, v in self.model.sharded_state_dict(prefix="policy.").items()
                  if not k.startswith("output_layer.")}
         state = checkpoint.load_sharded(checkpoint.stage_on_host({"policy": trunk}), actor_path)

@@ -62,6 +62,14 @@ CRITIC_MOE_LOAD_BALANCING_LOSS = _define(
     "critic/moe_load_balancing_loss", "the critic trunk's MoE router load-balancing loss (as actor/...)"
 )
 
+# ---- the critic process's memory (the actor's: perf/*, below; tandem/train/memory_metrics.py) -----
+CRITIC_PERF_MAX_MEMORY_ALLOCATED_GB = _define(
+    "perf/critic/max_memory_allocated_gb", "perf/max_memory_allocated_gb of the critic process")
+CRITIC_PERF_MAX_MEMORY_RESERVED_GB = _define(
+    "perf/critic/max_memory_reserved_gb", "perf/max_memory_reserved_gb of the critic process")
+CRITIC_PERF_CPU_MEMORY_USED_GB = _define(
+    "perf/critic/cpu_memory_used_gb", "perf/cpu_memory_used_gb of the critic process")
+
 # ---- data of the step (compute_data_metrics) -----------------------------------
 CRITIC_SCORE_MEAN = _define("critic/score/mean", "mean over rows of the sequence score (sum of token_level_scores)")
 CRITIC_SCORE_MAX = _define("critic/score/max", "max over rows of the sequence score")
@@ -132,9 +140,14 @@ ASYNC_DROPPED_BATCHES = _define("async/dropped_batches", "stale batches not trai
 PERF_TOTAL_NUM_TOKENS = _define("perf/total_num_tokens", "prompt + response tokens processed in the step")
 PERF_TIME_PER_STEP = _define("perf/time_per_step", "seconds for the step (same as timing_s/step)")
 PERF_THROUGHPUT = _define("perf/throughput", "tokens per second per GPU: total_num_tokens / (time_per_step * n_gpus)")
-PERF_MAX_MEMORY_ALLOCATED_GB = _define("perf/max_memory_allocated_gb", "peak accelerator memory allocated (GiB)")
-PERF_MAX_MEMORY_RESERVED_GB = _define("perf/max_memory_reserved_gb", "peak accelerator memory reserved (GiB)")
-PERF_CPU_MEMORY_USED_GB = _define("perf/cpu_memory_used_gb", "host memory used by the process (GiB)")
+PERF_MAX_MEMORY_ALLOCATED_GB = _define(
+    "perf/max_memory_allocated_gb", "the actor process's peak GPU memory held by tensors since its previous "
+    "update (colocated: the step's generation, log-probs and update), GiB; 0 on CPU")
+PERF_MAX_MEMORY_RESERVED_GB = _define(
+    "perf/max_memory_reserved_gb", "the same for the memory PyTorch's caching allocator reserved, GiB; 0 on CPU")
+PERF_CPU_MEMORY_USED_GB = _define(
+    "perf/cpu_memory_used_gb", "the actor process's resident host memory after its update (pinned offload "
+    "buffers included), GiB")
 PERF_MFU_ACTOR = _define("perf/mfu/actor", "actor update model-FLOPs utilisation")
 
 # ---- progress and validation ----------------------------------------------------

@@ -7,7 +7,7 @@ in checks/ and model_file.py. Nothing here reads files or checks values.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 
 @dataclass
@@ -31,6 +31,10 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     clip_grad: float = 1.0
     lr_warmup_steps: int = 0
+    # verl's key: megatron-core OptimizerConfig fields; Tandem takes its CPU optimizer offload
+    # (HybridDeviceOptimizer): optimizer_cpu_offload, optimizer_offload_fraction,
+    # overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer (checks/memory.py)
+    override_optimizer_config: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -42,6 +46,12 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP (expert TP = TP)
     dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
     seed: int = 1
+    # verl's offload keys (tandem/train/phases.py): while the role runs a phase that does not use
+    # them, parameters wait in pinned host memory, gradient buffers are dropped, optimizer state
+    # (fp32 main weights, Adam moments) waits in pinned host memory
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
     # verl's key; only the MoE router load-balancing loss is read from it (model_file.OVERRIDE_KEYS)
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
 
@@ -49,6 +59,15 @@ class MegatronConfig:
 @dataclass
 class PolicyLossConfig:
     loss_mode: str = "vanilla"  # vanilla: token-level clipped PPO; gspo: sequence-level ratio
+
+
+@dataclass
+class ProfileConfig:  # verl's `profile` keys (torch.profiler): tandem/serving/call_observer.py
+    use_profile: bool = False
+    profile_ranks: Optional[List[int]] = None  # the service's ranks to trace; None: [0] (verl's)
+    step_start: int = -1  # trace RL steps step_start <= step < step_end (steps count from 1)
+    step_end: int = -1
+    save_path: Optional[str] = None  # None: <run dir>/profile; a relative path: under the run dir
 
 
 @dataclass
@@ -76,6 +95,7 @@ class ActorConfig:
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
     # passes (tandem/models/shared_prompts.py); same results up to float rounding
     share_prompts: bool = False
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass
@@ -97,7 +117,8 @@ class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
     chunk_mb: float = 1.0  # stream: data bytes per gRPC message (MiB)
     streams: int = 2  # stream: parallel gRPC streams (each its own connection and thread) per sync
     bucket_mb: int = 256  # nccl: bytes per broadcast (MiB; the source's temporary bucket)
-    timeout_s: float = 300.0  # a weight group's collectives and rendezvous
+    timeout_s: float = 300.0  # a weight group's collectives and rendezvous (at most 600: the source's cap)
+    store_hosts: list[str] = field(default_factory=list)  # the actor: rendezvous hosts it joins besides a caller's own
 
 
 @dataclass
@@ -116,11 +137,19 @@ class RolloutConfig:
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # standalone: the rollout service's
+
+
+@dataclass
+class RefMegatronConfig:  # the reference shares the actor's layout; verl's offload key only
+    param_offload: bool = False  # the reference in pinned host memory except during ref log-probs
 
 
 @dataclass
 class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 64
+    megatron: RefMegatronConfig = field(default_factory=RefMegatronConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # the reference lives in the actor service
 
 
 @dataclass
@@ -142,6 +171,7 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     init_from_policy: bool = True  # trunk from the (SFT) policy, fresh value head
     use_torch_compile: bool = True  # as actor_rollout_ref.actor.use_torch_compile
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
 @dataclass

@@ -99,7 +99,9 @@ MEMORY = "a memory/speed knob with no counterpart: memory is bounded by ppo_micr
 ENGINE = "a setting of verl's vLLM/SGLang engines: Tandem generates with its own engine on the policy's " \
          "megatron modules (tandem/generation/)"
 SCHEDULE = "Tandem's LR schedule is linear warmup over optim.lr_warmup_steps, then constant"
-PROFILE = "profiling: use bench/profile_actor.py (torch.profiler) instead"
+PROFILE = "verl's newer profiler settings are not offered: use verl's earlier `profile` keys, which Tandem " \
+          "has (actor_rollout_ref.actor.profile.use_profile, .profile_ranks, .step_start, .step_end, .save_path; " \
+          "also rollout.profile, critic.profile): torch.profiler traces by role, rank and step"
 LORA = "LoRA is not offered (full fine-tuning only)"
 MM = "multi-modal data and models are not supported"
 RM = "a setting of verl's reward-model workers: Tandem's reward model runs in the reward service " \
@@ -162,8 +164,11 @@ RULES: tuple[Rule, ...] = (
     # ---- roles: strategy, megatron engine ----
     refused("*.strategy", "Tandem trains with megatron-core only"),
     refused("*._target_", "verl's dataclass targets; Tandem's schema is tandem/config/schema.py"),
-    mapped("*.megatron.param_offload", MEMORY), mapped("*.megatron.grad_offload", MEMORY),
-    mapped("*.megatron.optimizer_offload", MEMORY),
+    # verl's offload keys are Tandem's (actor and critic: all three; the reference: param_offload)
+    refused("actor_rollout_ref.ref.megatron.grad_offload", "the reference has no gradients (its weights: "
+           "actor_rollout_ref.ref.megatron.param_offload)"),
+    refused("actor_rollout_ref.ref.megatron.optimizer_offload", "the reference has no optimizer (its weights: "
+           "actor_rollout_ref.ref.megatron.param_offload)"),
     refused("*.megatron.expert_tensor_parallel_size", "expert tensor parallelism equals the role's "
             "tensor_model_parallel_size"),
     refused("*.megatron.virtual_pipeline_model_parallel_size", "interleaved pipeline schedules are not offered"),
@@ -202,7 +207,6 @@ RULES: tuple[Rule, ...] = (
     refused("*.optim.lr_warmup_init", SCHEDULE), refused("*.optim.lr_decay_*", SCHEDULE),
     refused("*.optim.min_lr", SCHEDULE), refused("*.optim.weight_decay_incr_style", SCHEDULE),
     refused("*.optim.lr_wsd_*", SCHEDULE), refused("*.optim.use_checkpoint_opt_param_scheduler", SCHEDULE),
-    refused("*.optim.override_optimizer_config*", "the optimizer's settings are the optim.* keys Tandem lists"),
     # ---- actor / critic / ref micro-batching ----
     refused("*.ppo_micro_batch_size", MBS), refused("*.log_prob_micro_batch_size", MBS),
     mapped("*.use_dynamic_bsz", MEMORY), mapped("*.log_prob_use_dynamic_bsz", MEMORY),

@@ -11,9 +11,12 @@ device-neutral API); on CPU the runner calls the step directly.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 
 import torch
+
+CAPTURE_SECONDS = [0.0]  # wall seconds this process spent capturing (warm-up run included): the cold start's share
 
 
 class DecodeGraphs:
@@ -34,7 +37,10 @@ class DecodeGraphs:
         by the warm-up run before capture (it is restored)."""
         graph = self._graphs.get(key)
         if graph is None:
+            t0 = time.perf_counter()
             graph = self._capture(step, state)
+            torch.cuda.synchronize()
+            CAPTURE_SECONDS[0] += time.perf_counter() - t0
             self._graphs[key] = graph
         graph.replay()
 

@@ -2,9 +2,10 @@
 
 megatron-core assumes CUDA in a few places (`torch.cuda.current_device()` for parameter
 placement, `torch.cuda.synchronize()`, the CUDA RNG tracker, literal device="cuda" in the
-optimizer, checkpointing and pipeline schedules). On a host without CUDA, `install()` makes
-those calls answer for the CPU: GPTModel builds, TP/PP/EP forward and backward run over gloo,
-and megatron's own optimizer and schedules run unchanged. It touches nothing when CUDA is
+optimizer, checkpointing and pipeline schedules, CUDA type names in the distributed optimizer).
+On a host without CUDA, `install()` makes those calls answer for the CPU: GPTModel builds,
+TP/PP/EP forward and backward run over gloo, and megatron's own optimizers (the distributed one
+too) and schedules run unchanged. It touches nothing when CUDA is
 present, and is installed once per process by `tandem.parallel.layout.init_distributed`.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ def install() -> None:
     _patch_rng_tracker()
     _patch_hard_coded_cuda()
     _patch_moe_alltoall()
+    _patch_distributed_optimizer_types()
 
 
 # megatron-core modules that create small tensors with a literal device="cuda"
@@ -120,6 +122,32 @@ def _patch_moe_alltoall() -> None:
         return tensor.numpy() if as_numpy and torch.is_tensor(tensor) else tensor
 
     token_dispatcher.maybe_move_tensor_to_cpu = to_host
+
+
+def _patch_distributed_optimizer_types() -> None:
+    """megatron's DistributedOptimizer sorts parameters by `param.type()` strings
+    ('torch.cuda.FloatTensor', ...) while it builds its shards; while it does, a CPU tensor's
+    type() answers the CUDA name of its dtype."""
+    import functools
+
+    from megatron.core.optimizer import distrib_optimizer
+
+    cls = distrib_optimizer.DistributedOptimizer
+    plain_type, init = torch.Tensor.type, cls.__init__
+
+    def cuda_named_type(self, *args, **kwargs):
+        name = plain_type(self, *args, **kwargs)
+        return name.replace("torch.", "torch.cuda.", 1) if not args and not kwargs and not self.is_cuda else name
+
+    @functools.wraps(init)
+    def build(self, *args, **kwargs):
+        torch.Tensor.type = cuda_named_type
+        try:
+            init(self, *args, **kwargs)
+        finally:
+            torch.Tensor.type = plain_type
+
+    cls.__init__ = build
 
 
 def _patch_rng_tracker() -> None:

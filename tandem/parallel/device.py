@@ -6,6 +6,8 @@ directly. megatron-core's own CUDA assumptions are handled by `cpu_compat.py`.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
@@ -58,6 +60,65 @@ def empty_cache() -> None:
     """Return cached, unused device memory to the driver (e.g. a released KV cache)."""
     if has_cuda():
         torch.cuda.empty_cache()
+
+
+class CopyStream:
+    """Copies that may overlap the current stream's work: on a side stream with CUDA (after the
+    current stream's queued work), inline on CPU. `record()` -> an event to wait on (None on CPU)."""
+
+    def __init__(self):
+        self.stream = torch.cuda.Stream() if has_cuda() else None
+
+    @contextlib.contextmanager
+    def run(self):
+        if self.stream is None:
+            yield
+            return
+        self.stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(self.stream):
+            yield
+
+    def record(self):
+        return self.stream.record_event() if self.stream is not None else None
+
+
+def wait_on_device(event) -> None:
+    """The current stream waits for `event` (the host does not)."""
+    if event is not None:
+        torch.cuda.current_stream().wait_event(event)
+
+
+def wait_on_host(event) -> None:
+    if event is not None:
+        event.synchronize()
+
+
+def host_bytes(nbytes: int) -> torch.Tensor:
+    """A host buffer of `nbytes` bytes, pinned with CUDA (so copies to and from it are asynchronous)."""
+    return torch.empty(nbytes, dtype=torch.uint8, pin_memory=has_cuda())
+
+
+def empty_host_cache() -> None:
+    """Give freed pinned host memory back to the OS (torch caches it like device memory)."""
+    if has_cuda() and hasattr(torch._C, "_host_emptyCache"):
+        torch._C._host_emptyCache()
+
+
+def memory_peaks() -> tuple[int, int]:
+    """(max allocated, max reserved) device bytes since the last `reset_memory_peaks` (0, 0 on CPU)."""
+    if not has_cuda():
+        return 0, 0
+    return torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+
+
+def reset_memory_peaks() -> None:
+    if has_cuda():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def memory_allocated() -> int:
+    """Device bytes held by tensors now (0 on CPU)."""
+    return torch.cuda.memory_allocated() if has_cuda() else 0
 
 
 def manual_seed(seed: int) -> None:

@@ -41,6 +41,10 @@ class ReplicaRollout:
             return None
         return self.worker.generate_sequences(batch, params)
 
+    def release(self) -> None:
+        """Free the TP=1 copy's KV cache and graphs (the copy itself stays)."""
+        self.worker.release()
+
     @torch.no_grad()
     def sync(self) -> None:
         """The policy's current weights into the TP=1 copy (collective over the actor's TP group)."""

@@ -36,8 +36,7 @@ class RolloutWorker:
         with sequence_parallel_off(self.model):  # a training layout with SP generates without it
             res = self.engine.generate(prompts, params)
         if self.free_cache_engine:  # the next call allocates (and on GPU captures) again
-            self.engine.release()
-            device.empty_cache()
+            self.release()
         out = DataProto(tensors={
             "prompts": res.prompts,
             "responses": res.responses,
@@ -53,6 +52,12 @@ class RolloutWorker:
             rest.meta = {}
             out = out.union(rest.repeat(params.n, interleave=True))
         return out
+
+    def release(self) -> None:
+        """Free the engine's KV cache and CUDA graphs (which point at the model's weights); the
+        next generation allocates and captures again."""
+        self.engine.release()
+        device.empty_cache()
 
     def load_weights(self, weights: dict[str, torch.Tensor], version: int) -> int:
         """Replace all weights at once, in place (strict: every name and shape must match); the

@@ -33,6 +33,7 @@ from tandem.logging import configure_logging, get_logger
 from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
 from tandem.rpc.errors import FailedPrecondition
+from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.role import Built, Role
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
@@ -62,23 +63,33 @@ class RankHost:
         self.built = self.role.build(cfg)
         if self.group is not None:
             self.group.targets.update(self.built.targets)
+            self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name))
         _log.info("run.configured", run=run_id, pid=os.getpid())
         return os.getpid()
 
     def release(self) -> int:
         """Drop this rank's workers (model, optimizer, KV cache) and free their memory -> pid."""
         if self.built is not None:
-            for close in self.built.closers:
-                close()
+            closers = self.built.closers
+            while closers:  # popped: no loop variable keeps a closer's object alive past the collect below
+                closers.pop(0)()
             if self.group is not None:
                 for name in self.built.targets:
                     self.group.targets.pop(name, None)
         self.built = None
+        self.close_observer()
         torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
         gc.collect()
         device.empty_cache()
         configure_logging(role=self.role.name, rank=self.rank, run_id=None)
         return os.getpid()
+
+
+    def close_observer(self) -> None:
+        """Write the open trace (the run is released or the process stops)."""
+        if self.group is not None and self.group.observer is not None:
+            self.group.observer.close()
+            self.group.observer = None
 
 
 class RunHost:

@@ -177,6 +177,10 @@ def run_service(role: Role, argv=None) -> None:
             thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
         run_server(_serve(role, args, host, thread))
     finally:
+        try:
+            thread.call(host.rank_host.close_observer)  # an open trace is written (other ranks: _follow)
+        except RuntimeError:  # the thread is already shut down
+            pass
         thread.shutdown(wait=True)  # the running call finishes on every rank first
         host.stop_group()
 
@@ -210,3 +214,4 @@ def _follow(role: Role, args: ServiceArgs) -> None:
     host = RankHost(role, args.rank)
     host.group = RankGroup({LIFECYCLE: host})
     host.group.follow()
+    host.close_observer()  # rank 0 said stop: an open trace is written

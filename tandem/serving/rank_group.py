@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from tandem.generation.interrupt import GenerationAborted
 from tandem.logging import get_logger
+from tandem.serving.call_observer import step_of_call
 
 log = get_logger("tandem.rank_group")
 _RAISED_AS_IS = {"ValueError": ValueError, "GenerationAborted": GenerationAborted}
@@ -63,6 +64,7 @@ class RankGroup:
         self.infos: list[RankInfo] = infos
         self.me = me
         self.output_ranks = sorted((i for i in infos if i.is_output), key=lambda i: i.dp)
+        self.observer = None  # the held run's CallObserver (call_observer.py): steps, traces, compile time
 
     @property
     def is_front(self) -> bool:
@@ -84,13 +86,14 @@ class RankGroup:
         return [result for result, _ in self._call(target, method, per_rank_args, True)]
 
     def _call(self, target: str, method: str, per_rank_args: list, every: bool) -> list:
+        step = step_of_call()  # every rank files the call under the caller's RL step
         if self.world == 1:  # a group of one: nothing to send (pickling a batch through gloo costs ms)
-            return [self._execute(target, method, per_rank_args[0], every)]
+            return [self._execute(target, method, per_rank_args[0], every, step)]
         mine: list = [None]
         with self._peers_alive(target, method):
-            dist.broadcast_object_list([(target, method, every)], src=0, group=self.group)
+            dist.broadcast_object_list([(target, method, every, step)], src=0, group=self.group)
             dist.scatter_object_list(mine, per_rank_args, src=0, group=self.group)
-        outcome = self._execute(target, method, mine[0], every)
+        outcome = self._execute(target, method, mine[0], every, step)
         gathered: list = [None] * self.world
         with self._peers_alive(target, method):
             dist.gather_object(outcome, gathered, dst=0, group=self.group)
@@ -116,8 +119,8 @@ class RankGroup:
                 if cmd[0] is None:
                     return
                 dist.scatter_object_list(mine, None, src=0, group=self.group)
-            target, method, every = cmd[0]
-            outcome = self._execute(target, method, mine[0], every)
+            target, method, every, step = cmd[0]
+            outcome = self._execute(target, method, mine[0], every, step)
             with self._peers_alive(target, method):
                 dist.gather_object(outcome, None, dst=0, group=self.group)
 
@@ -133,11 +136,12 @@ class RankGroup:
         if self.world > 1:
             dist.broadcast_object_list([None], src=0, group=self.group)
 
-    def _execute(self, target: str, method: str, args: tuple | None, every: bool = False):
+    def _execute(self, target: str, method: str, args: tuple | None, every: bool = False, step: int | None = None):
         if args is None:
             return None, None
         try:
-            result = getattr(self.targets[target], method)(*args)
+            with self.observer.call(step, f"{target}.{method}") if self.observer else nullcontext():
+                result = getattr(self.targets[target], method)(*args)
             return (result if every or self.me.is_output else None), None
         except Exception as e:  # reported to rank 0, which raises it for the RPC
             if self.world > 1:

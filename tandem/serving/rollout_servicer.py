@@ -105,7 +105,8 @@ class RolloutServicer:
                                      wire.transport_from_pb(request.transport), request.force)
         return rollout_pb2.SyncWeightsResponse(weights_version=result.version, bytes=result.bytes,
                                                transport=wire.TRANSPORTS.get(result.transport, 0),
-                                               seconds=result.seconds, transfer_seconds=result.transfer_seconds)
+                                               seconds=result.seconds, transfer_seconds=result.transfer_seconds,
+                                               breakdown=result.breakdown, buffer_opened=result.opened)
 
     async def GetWeightsDigest(self, request, context):
         version, digests = await self._receiver().digest()

@@ -4,7 +4,8 @@ The model is wrapped in megatron's DistributedDataParallel (gradients in fp32 bu
 summed over data-parallel ranks because the model config sets calculate_per_token_loss);
 the schedule's finalize_model_grads divides them by the mini-batch's loss units. The
 optimizer is megatron's (Adam, global grad-norm clipping over TP/PP, optional distributed
-optimizer, sharded state dicts that reshard on load).
+optimizer, optional CPU offload of a share of Adam (optim.override_optimizer_config), sharded
+state dicts that reshard on load).
 """
 from __future__ import annotations
 
@@ -22,15 +23,33 @@ def wrap_ddp(model, use_distributed_optimizer: bool = False):
         finalize_model_grads,
     )
 
-    from tandem.parallel import device
-
-    if use_distributed_optimizer and not device.has_cuda():
-        raise ValueError("megatron.use_distributed_optimizer: megatron-core's distributed optimizer "
-                         "needs CUDA (it checks for torch.cuda tensor types); set it to false on CPU")
     model.config.finalize_model_grads_func = finalize_model_grads
     ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                use_distributed_optimizer=use_distributed_optimizer)
     return DistributedDataParallel(model.config, ddp_config, model)
+
+
+def _load_steps_into_torch_adam() -> None:
+    """megatron-core's distributed optimizer, loading its `fully_reshardable` state into torch's
+    Adam (no Transformer Engine / Apex), copies every tensor of a parameter's state from the
+    checkpoint, the per-parameter `step` counter included, which the checkpoint does not carry
+    (megatron has already set it from the saved param groups): KeyError 'step'. Give it the
+    counter it already set. Applied once."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D
+
+    setter = D._set_main_param_and_optimizer_states
+    if getattr(setter, "_tandem", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if "step" not in tensors and not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            step = self.optimizer.state[self.optimizer.param_groups[group_index]["params"][group_order]].get("step")
+            tensors = tensors if step is None else {**tensors, "step": step}
+        return setter(self, model_param, tensors)
+
+    set_states._tandem = True
+    D._set_main_param_and_optimizer_states = set_states
 
 
 class Optimizer:
@@ -39,18 +58,53 @@ class Optimizer:
     def __init__(self, ddp_model, cfg: OptimConfig):
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+        from tandem.parallel import device
+
         foreach_fallbacks.install()  # before megatron's optimizer is built and used
+        if ddp_model.ddp_config.use_distributed_optimizer:
+            _load_steps_into_torch_adam()
         self.model = ddp_model
         self.cfg = cfg
         config = ddp_model.module.config
+        override = dict(cfg.override_optimizer_config)  # checked by tandem/config/checks/memory.py
+        if override.get("optimizer_cpu_offload") and not device.has_cuda():
+            raise ValueError("optim.override_optimizer_config.optimizer_cpu_offload: megatron-core's CPU "
+                             "optimizer offload needs CUDA (it overlaps copies on CUDA streams); set it to false on CPU")
         self.opt = get_megatron_optimizer(OptimizerConfig(
             optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
             adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.clip_grad,
             bf16=config.params_dtype == torch.bfloat16, params_dtype=config.params_dtype,
-            use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer), [ddp_model])
+            use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer, **override), [ddp_model])
         self.steps = 0
+        self.before_step = None  # set while the state is coming back from host memory (phases.py)
         self._apply_lr()
         self._fuse_torch_adam()
+
+    @property
+    def checkpoint_format(self) -> str:
+        """'distributed' or 'plain': megatron-core's two optimizers save different state dicts."""
+        return "distributed" if self.model.ddp_config.use_distributed_optimizer else "plain"
+
+    def _torch_optimizers(self) -> list:
+        """The torch optimizers doing the work: one per megatron optimizer, or the GPU and CPU
+        parts of megatron's HybridDeviceOptimizer (CPU optimizer offload)."""
+        out = []
+        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
+            torch_opt = getattr(inner, "optimizer", None)
+            if torch_opt is not None:
+                out.extend(getattr(torch_opt, "sub_optimizers", [torch_opt]))
+        return out
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """Every tensor the optimizer keeps: its parameters (fp32 main weights; for an fp32 model
+        the model's own, which callers exclude) and their state (Adam moments, step counters)."""
+        out = []
+        for torch_opt in self._torch_optimizers():
+            for group in torch_opt.param_groups:
+                out.extend(group["params"])
+            for state in torch_opt.state.values():
+                out.extend(v for v in state.values() if isinstance(v, torch.Tensor))
+        return out
 
     def _fuse_torch_adam(self) -> None:
         """Without Transformer Engine or Apex megatron falls back to torch's AdamW with its
@@ -81,7 +135,14 @@ class Optimizer:
         self.model.zero_grad_buffer()
         self.opt.zero_grad()
 
+    def _state_ready(self) -> None:
+        """Before anything reads or writes the state: its copies back from host memory must have run."""
+        if self.before_step is not None:
+            self.before_step()
+            self.before_step = None
+
     def step(self) -> float:
+        self._state_ready()
         _, grad_norm, _ = self.opt.step()
         self.steps += 1
         self._apply_lr()
@@ -90,24 +151,52 @@ class Optimizer:
         return float(grad_norm) if grad_norm is not None else 0.0
 
     def sharded_state_dict(self, model_sharded_state_dict: dict, is_loading: bool = False) -> dict:
-        return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading)
+        """The distributed optimizer in megatron's `fully_reshardable` format (its default format
+        is refused by megatron's own checkpointing: "flattened_range is not supported")."""
+        self._state_ready()
+        metadata = None
+        if self.model.ddp_config.use_distributed_optimizer:
+            metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+            if is_loading:
+                self._init_state()
+        return self.opt.sharded_state_dict(model_sharded_state_dict, is_loading=is_loading, metadata=metadata)
+
+    def _init_state(self) -> None:
+        """Zero Adam state (step 0) where there is none yet: megatron's distributed optimizer reads
+        the step counter of its state before it loads one (and asserts there is one)."""
+        for torch_opt in self._torch_optimizers():
+            for group in torch_opt.param_groups:
+                for p in group["params"]:
+                    state = torch_opt.state[p]
+                    if not state:
+                        state.update(step=torch.zeros((), dtype=torch.float32), exp_avg=torch.zeros_like(p),
+                                     exp_avg_sq=torch.zeros_like(p))
 
     def reload_model_params(self) -> None:
         """The model's parameters changed outside this optimizer (a checkpoint, another
         optimizer): refresh its fp32 main copies (bf16 models), or they would overwrite the
         change at the next step."""
+        self._state_ready()
         self.opt.reload_model_params()
 
     def reset(self) -> None:
         """Back to no state (a checkpoint taken before the first step), main copies refreshed."""
+        self._state_ready()
         for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
             inner.optimizer.state.clear()
+        for torch_opt in self._torch_optimizers():  # the CPU offload's parts hold their own
+            torch_opt.state.clear()
         self.steps = 0
         self._apply_lr()
         self.reload_model_params()
 
     def load_state_dict(self, state: dict, steps: int) -> None:
+        self._state_ready()
         self.opt.load_state_dict(state)
+        for torch_opt in self._torch_optimizers():  # megatron's distributed optimizer loads one step
+            for param_state in torch_opt.state.values():  # tensor into every parameter's state, which
+                if torch.is_tensor(param_state.get("step")):  # torch's Adam then advances once per parameter
+                    param_state["step"] = param_state["step"].clone()
         self._fuse_torch_adam()  # loading replaced the param groups' flags with the saved ones
         self.steps = steps
         self._apply_lr()

@@ -160,14 +160,16 @@ class ActorServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ShareWeights(self, request, context):
-        """A CUDA IPC handle of the version's flat layout on the GPU (a reader on the same GPU).
+        """The version in the source's shared export buffer (a reader on the same GPU: CUDA IPC; on the
+        same CPU host: a shared-memory file), its handle only when the reader has not opened it yet.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ReleaseWeights(self, request, context):
-        """Ends a ShareWeights read: OK only if the shared bytes held the version throughout.
+        """Ends a ShareWeights read: OK only if the shared bytes held the version throughout (older
+        readers; the stamp in the shared buffer now tells the reader the same without a call).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -57,18 +57,29 @@ class SyncWeightsRequest(_message.Message):
     def __init__(self, weights_version: _Optional[int] = ..., source: _Optional[str] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., force: _Optional[bool] = ...) -> None: ...
 
 class SyncWeightsResponse(_message.Message):
-    __slots__ = ("weights_version", "transport", "bytes", "seconds", "transfer_seconds")
+    __slots__ = ("weights_version", "transport", "bytes", "seconds", "transfer_seconds", "breakdown", "buffer_opened")
+    class BreakdownEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     SECONDS_FIELD_NUMBER: _ClassVar[int]
     TRANSFER_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    BREAKDOWN_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_OPENED_FIELD_NUMBER: _ClassVar[int]
     weights_version: int
     transport: _weights_pb2.WeightTransport
     bytes: int
     seconds: float
     transfer_seconds: float
-    def __init__(self, weights_version: _Optional[int] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ...) -> None: ...
+    breakdown: _containers.ScalarMap[str, float]
+    buffer_opened: bool
+    def __init__(self, weights_version: _Optional[int] = ..., transport: _Optional[_Union[_weights_pb2.WeightTransport, str]] = ..., bytes: _Optional[int] = ..., seconds: _Optional[float] = ..., transfer_seconds: _Optional[float] = ..., breakdown: _Optional[_Mapping[str, float]] = ..., buffer_opened: _Optional[bool] = ...) -> None: ...
 
 class GetWeightsDigestRequest(_message.Message):
     __slots__ = ()

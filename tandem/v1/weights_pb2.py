@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from tandem.v1 import data_pb2 as tandem_dot_v1_dot_data__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tandem/v1/weights.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\"Z\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tandem.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"g\n\x0fWeightsManifest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.tandem.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\"T\n\tPlacement\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x0c\n\x04nccl\x18\x04 \x01(\x08\"\x1b\n\x19GetWeightsManifestRequest\"s\n\x1aGetWeightsManifestResponse\x12,\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifest\x12\'\n\tplacement\x18\x02 \x01(\x0b\x32\x14.tandem.v1.Placement\"`\n\x14StreamWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\",\n\x0cWeightsChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\":\n\nWeightsEnd\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\"\x9f\x01\n\x15StreamWeightsResponse\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifestH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.tandem.v1.WeightsChunkH\x00\x12$\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x15.tandem.v1.WeightsEndH\x00\x42\x06\n\x04kind\"\xe3\x01\n\rCudaIpcTensor\x12\x16\n\x0estorage_handle\x18\x01 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x03 \x01(\x03\x12\x15\n\rtensor_offset\x18\x04 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x05 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\".\n\x13ShareWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\"\x81\x01\n\x14ShareWeightsResponse\x12,\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifest\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\x12&\n\x04\x66lat\x18\x03 \x01(\x0b\x32\x18.tandem.v1.CudaIpcTensor\"0\n\x15ReleaseWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\"\x18\n\x16ReleaseWeightsResponse\"\x9c\x01\n\x16JoinWeightGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\"\x19\n\x17JoinWeightGroupResponse\"Z\n\x17\x42roadcastWeightsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x14\n\x0c\x62ucket_bytes\x18\x03 \x01(\x03\"e\n\x18\x42roadcastWeightsResponse\x12+\n\x05ready\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifestH\x00\x12\x14\n\ndone_bytes\x18\x02 \x01(\x03H\x00\x42\x06\n\x04kind*\x8b\x01\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x1b\n\x17WEIGHT_TRANSPORT_STREAM\x10\x01\x12\x18\n\x14WEIGHT_TRANSPORT_IPC\x10\x02\x12\x1f\n\x1bWEIGHT_TRANSPORT_COLLECTIVE\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tandem/v1/weights.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\"Z\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1f\n\x05\x64type\x18\x02 \x01(\x0e\x32\x10.tandem.v1.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\"g\n\x0fWeightsManifest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12&\n\x07tensors\x18\x02 \x03(\x0b\x32\x15.tandem.v1.TensorSpec\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\"T\n\tPlacement\x12\x0f\n\x07host_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_type\x18\x02 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x0c\n\x04nccl\x18\x04 \x01(\x08\"\x1b\n\x19GetWeightsManifestRequest\"s\n\x1aGetWeightsManifestResponse\x12,\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifest\x12\'\n\tplacement\x18\x02 \x01(\x0b\x32\x14.tandem.v1.Placement\"`\n\x14StreamWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x13\n\x0b\x63hunk_bytes\x18\x02 \x01(\x03\x12\r\n\x05start\x18\x03 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x04 \x01(\x03\",\n\x0cWeightsChunk\x12\x0e\n\x06offset\x18\x01 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\":\n\nWeightsEnd\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x02 \x01(\x03\"\x9f\x01\n\x15StreamWeightsResponse\x12.\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifestH\x00\x12(\n\x05\x63hunk\x18\x02 \x01(\x0b\x32\x17.tandem.v1.WeightsChunkH\x00\x12$\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x15.tandem.v1.WeightsEndH\x00\x42\x06\n\x04kind\"\xe3\x01\n\rCudaIpcTensor\x12\x16\n\x0estorage_handle\x18\x01 \x01(\x0c\x12\x1a\n\x12storage_size_bytes\x18\x02 \x01(\x03\x12\x1c\n\x14storage_offset_bytes\x18\x03 \x01(\x03\x12\x15\n\rtensor_offset\x18\x04 \x01(\x03\x12\x1a\n\x12ref_counter_handle\x18\x05 \x01(\x0c\x12\x1a\n\x12ref_counter_offset\x18\x06 \x01(\x03\x12\x14\n\x0c\x65vent_handle\x18\x07 \x01(\x0c\x12\x1b\n\x13\x65vent_sync_required\x18\x08 \x01(\x08\"Z\n\x13ShareWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x14\n\x0cknown_buffer\x18\x02 \x01(\t\x12\x14\n\x0cknown_layout\x18\x03 \x01(\t\"\x9b\x02\n\x14ShareWeightsResponse\x12,\n\x08manifest\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifest\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\x12&\n\x04\x66lat\x18\x03 \x01(\x0b\x32\x18.tandem.v1.CudaIpcTensor\x12\x11\n\tbuffer_id\x18\x04 \x01(\t\x12\x14\n\x0c\x62uffer_bytes\x18\x05 \x01(\x03\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x03\x12\r\n\x05stamp\x18\x07 \x01(\x03\x12\x17\n\x0fweights_version\x18\x08 \x01(\x03\x12\x0e\n\x06layout\x18\t \x01(\t\x12\x10\n\x08shm_path\x18\n \x01(\t\x12\x10\n\x08word_sum\x18\x0b \x01(\x03\"0\n\x15ReleaseWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\"\x18\n\x16ReleaseWeightsResponse\"\x9c\x01\n\x16JoinWeightGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x10\n\x08receiver\x18\x02 \x01(\t\x12\x12\n\nstore_host\x18\x03 \x01(\t\x12\x12\n\nstore_port\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x06 \x01(\t\x12\x11\n\ttimeout_s\x18\x07 \x01(\x01\"\x19\n\x17JoinWeightGroupResponse\"Z\n\x17\x42roadcastWeightsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x14\n\x0c\x62ucket_bytes\x18\x03 \x01(\x03\"e\n\x18\x42roadcastWeightsResponse\x12+\n\x05ready\x18\x01 \x01(\x0b\x32\x1a.tandem.v1.WeightsManifestH\x00\x12\x14\n\ndone_bytes\x18\x02 \x01(\x03H\x00\x42\x06\n\x04kind*\x8b\x01\n\x0fWeightTransport\x12 \n\x1cWEIGHT_TRANSPORT_UNSPECIFIED\x10\x00\x12\x1b\n\x17WEIGHT_TRANSPORT_STREAM\x10\x01\x12\x18\n\x14WEIGHT_TRANSPORT_IPC\x10\x02\x12\x1f\n\x1bWEIGHT_TRANSPORT_COLLECTIVE\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tandem.v1.weights_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WEIGHTTRANSPORT']._serialized_start=1723
-  _globals['_WEIGHTTRANSPORT']._serialized_end=1862
+  _globals['_WEIGHTTRANSPORT']._serialized_start=1921
+  _globals['_WEIGHTTRANSPORT']._serialized_end=2060
   _globals['_TENSORSPEC']._serialized_start=60
   _globals['_TENSORSPEC']._serialized_end=150
   _globals['_WEIGHTSMANIFEST']._serialized_start=152
@@ -55,19 +55,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CUDAIPCTENSOR']._serialized_start=856
   _globals['_CUDAIPCTENSOR']._serialized_end=1083
   _globals['_SHAREWEIGHTSREQUEST']._serialized_start=1085
-  _globals['_SHAREWEIGHTSREQUEST']._serialized_end=1131
-  _globals['_SHAREWEIGHTSRESPONSE']._serialized_start=1134
-  _globals['_SHAREWEIGHTSRESPONSE']._serialized_end=1263
-  _globals['_RELEASEWEIGHTSREQUEST']._serialized_start=1265
-  _globals['_RELEASEWEIGHTSREQUEST']._serialized_end=1313
-  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_start=1315
-  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_end=1339
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1342
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1498
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1500
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1525
-  _globals['_BROADCASTWEIGHTSREQUEST']._serialized_start=1527
-  _globals['_BROADCASTWEIGHTSREQUEST']._serialized_end=1617
-  _globals['_BROADCASTWEIGHTSRESPONSE']._serialized_start=1619
-  _globals['_BROADCASTWEIGHTSRESPONSE']._serialized_end=1720
+  _globals['_SHAREWEIGHTSREQUEST']._serialized_end=1175
+  _globals['_SHAREWEIGHTSRESPONSE']._serialized_start=1178
+  _globals['_SHAREWEIGHTSRESPONSE']._serialized_end=1461
+  _globals['_RELEASEWEIGHTSREQUEST']._serialized_start=1463
+  _globals['_RELEASEWEIGHTSREQUEST']._serialized_end=1511
+  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_start=1513
+  _globals['_RELEASEWEIGHTSRESPONSE']._serialized_end=1537
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=1540
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=1696
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=1698
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=1723
+  _globals['_BROADCASTWEIGHTSREQUEST']._serialized_start=1725
+  _globals['_BROADCASTWEIGHTSREQUEST']._serialized_end=1815
+  _globals['_BROADCASTWEIGHTSRESPONSE']._serialized_start=1817
+  _globals['_BROADCASTWEIGHTSRESPONSE']._serialized_end=1918
 # @@protoc_insertion_point(module_scope)

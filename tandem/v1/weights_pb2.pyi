@@ -124,20 +124,40 @@ class CudaIpcTensor(_message.Message):
     def __init__(self, storage_handle: _Optional[bytes] = ..., storage_size_bytes: _Optional[int] = ..., storage_offset_bytes: _Optional[int] = ..., tensor_offset: _Optional[int] = ..., ref_counter_handle: _Optional[bytes] = ..., ref_counter_offset: _Optional[int] = ..., event_handle: _Optional[bytes] = ..., event_sync_required: _Optional[bool] = ...) -> None: ...
 
 class ShareWeightsRequest(_message.Message):
-    __slots__ = ("weights_version",)
+    __slots__ = ("weights_version", "known_buffer", "known_layout")
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_BUFFER_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
     weights_version: int
-    def __init__(self, weights_version: _Optional[int] = ...) -> None: ...
+    known_buffer: str
+    known_layout: str
+    def __init__(self, weights_version: _Optional[int] = ..., known_buffer: _Optional[str] = ..., known_layout: _Optional[str] = ...) -> None: ...
 
 class ShareWeightsResponse(_message.Message):
-    __slots__ = ("manifest", "device_uuid", "flat")
+    __slots__ = ("manifest", "device_uuid", "flat", "buffer_id", "buffer_bytes", "total_bytes", "stamp", "weights_version", "layout", "shm_path", "word_sum")
     MANIFEST_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     FLAT_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_ID_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STAMP_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    SHM_PATH_FIELD_NUMBER: _ClassVar[int]
+    WORD_SUM_FIELD_NUMBER: _ClassVar[int]
     manifest: WeightsManifest
     device_uuid: str
     flat: CudaIpcTensor
-    def __init__(self, manifest: _Optional[_Union[WeightsManifest, _Mapping]] = ..., device_uuid: _Optional[str] = ..., flat: _Optional[_Union[CudaIpcTensor, _Mapping]] = ...) -> None: ...
+    buffer_id: str
+    buffer_bytes: int
+    total_bytes: int
+    stamp: int
+    weights_version: int
+    layout: str
+    shm_path: str
+    word_sum: int
+    def __init__(self, manifest: _Optional[_Union[WeightsManifest, _Mapping]] = ..., device_uuid: _Optional[str] = ..., flat: _Optional[_Union[CudaIpcTensor, _Mapping]] = ..., buffer_id: _Optional[str] = ..., buffer_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., stamp: _Optional[int] = ..., weights_version: _Optional[int] = ..., layout: _Optional[str] = ..., shm_path: _Optional[str] = ..., word_sum: _Optional[int] = ...) -> None: ...
 
 class ReleaseWeightsRequest(_message.Message):
     __slots__ = ("weights_version",)

@@ -14,6 +14,7 @@ from tandem.rpc.errors import error_from_rpc
 from tandem.v1 import actor_pb2_grpc, weights_pb2
 from tandem.weights import wire
 from tandem.weights.layout import Manifest
+from tandem.weights.shared import ShareReply
 from tandem.weights.transport import Placement
 
 
@@ -42,9 +43,10 @@ class WeightSourceClient(ServiceClient):
         async for data in self._stream("StreamWeights", request):
             yield wire.parse_stream_message(data)
 
-    async def share(self, version: int) -> tuple[Manifest, str, dict]:
-        r = await self.call("ShareWeights", weights_pb2.ShareWeightsRequest(weights_version=version))
-        return wire.manifest_from_pb(r.manifest), r.device_uuid, wire.ipc_from_pb(r.flat)
+    async def share(self, version: int, known_buffer: str = "", known_layout: str = "") -> ShareReply:
+        r = await self.call("ShareWeights", weights_pb2.ShareWeightsRequest(
+            weights_version=version, known_buffer=known_buffer, known_layout=known_layout))
+        return wire.share_from_pb(r)
 
     async def release(self, version: int) -> None:
         await self.call("ReleaseWeights", weights_pb2.ReleaseWeightsRequest(weights_version=version))

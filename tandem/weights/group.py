@@ -19,6 +19,11 @@ import socket
 import torch
 import torch.distributed as dist
 
+# The longest a source's rendezvous or collective waits for a receiver (JoinWeightGroup refuses
+# more; a receiver configured longer asks for this): a bad or dead receiver holds the source's
+# sending thread at most this long.
+MAX_GROUP_TIMEOUT_S = 600.0
+
 
 def free_port(host: str) -> int:
     """A port free on `host` now (the store binds it right after; a race is retried by the caller)."""

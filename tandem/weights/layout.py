@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import hashlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,6 +62,13 @@ class Manifest:
     @functools.cached_property
     def offsets(self) -> list[int]:
         return [t.offset for t in self.tensors]
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """A digest of the layout (names, dtypes, shapes, offsets, size; not the version): equal
+        fingerprints, equal layouts (a reader checks a layout once, then compares this)."""
+        text = repr([(t.name, str(t.dtype), t.shape, t.offset) for t in self.tensors] + [self.total_bytes])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def with_version(self, version: int) -> Manifest:
         return Manifest(version, self.tensors, self.total_bytes)

@@ -5,8 +5,11 @@ equal: nothing to do, unless forced), (2) the source's manifest checked tensor b
 against this model's own TP=1 layout (INVALID_ARGUMENT naming the tensor), (3) the transport
 (tandem/weights/transport.py: configured, or picked from where the source and every rank
 run), (4) the bytes into every rank's staging buffer, each transport checking what it can
-(stream: offsets, sizes, the end message; IPC and collective: the source's confirmation
-that its copy stayed that version throughout), (5) the commit on every rank. A failure
+(stream: offsets, sizes, the end message; IPC: the shared buffer's seqlock stamp and a word
+sum, tandem/weights/shared.py; collective: the source's confirmation that its copy stayed that
+version throughout), (5) the commit on every rank. A rollout that synced by IPC from a source
+skips (1)'s manifest and (3) on the next sync from it: one ShareWeights call, no manifest unless
+the layout changed, no handle unless the source's buffer changed. A failure
 anywhere before (5) leaves the old weights serving and the error is the RPC's status.
 
 Rank-group calls (placement, IPC copies, broadcasts, the commit) run on the worker thread,
@@ -18,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tandem.logging import get_logger
-from tandem.rpc.errors import FailedPrecondition, Internal, InvalidArgument, Unavailable
+from tandem.rpc.errors import Aborted, FailedPrecondition, Internal, InvalidArgument, Unavailable
 from tandem.weights import streams
 from tandem.weights import transport as T
 from tandem.weights.client import WeightSourceClient
-from tandem.weights.group import WeightGroup
+from tandem.weights.group import MAX_GROUP_TIMEOUT_S, WeightGroup
 from tandem.weights.layout import Manifest
 
 log = get_logger("tandem.weights.receiver")
@@ -38,6 +41,8 @@ class SyncResult:
     bytes: int
     seconds: float  # the whole sync
     transfer_seconds: float = 0.0  # moving the bytes into the staging buffers
+    breakdown: dict = field(default_factory=dict)  # seconds per phase (ipc: rpc, open, copy, check, commit)
+    opened: bool = False  # ipc: the source's shared buffer was (re)opened
 
 
 class WeightReceiver:
@@ -57,6 +62,10 @@ class WeightReceiver:
         self._placements: list[T.Placement] | None = None
         self._store = None  # the weight group's rendezvous store (hosted here)
         self._group: tuple[str, str] | None = None  # (group id, source) of the current weight group
+        # ipc: the source last synced by ipc and its GPU (its next sync skips the manifest and the
+        # transport choice: one ShareWeights call), the buffer every rank has mapped, the layout checked
+        self._ipc_source: tuple[str, str] | None = None
+        self._known_buffer, self._known_layout = "", ""
 
     @property
     def version(self) -> int:
@@ -79,26 +88,48 @@ class WeightReceiver:
             if version == self.version and not force:
                 return SyncResult(version, None, 0, 0.0)
             client = self._client(source)
-            manifest, placement = await client.manifest()
-            if manifest.version != version:
-                raise FailedPrecondition(f"weights_version {version}: the source {source} is at version "
-                                         f"{manifest.version}")
-            self._check(manifest, "the source's manifest")
-            if self._placements is None:
-                self._placements = await self._ranks("placement")
-            kind = T.pick(requested or self.configured, placement, self._placements)
-            why = T.problem(kind, placement, self._placements)
-            if why:
-                raise FailedPrecondition(f"transport {kind}: {why}")
-            move = {T.STREAM: self._stream, T.IPC: self._ipc, T.COLLECTIVE: self._collective}[kind]
+            info: dict = {}
+            cached = self._ipc_source  # the last sync from this source went by ipc: skip the manifest
+            if cached is not None and cached[0] == source and (requested or self.configured) in (None, T.IPC):
+                kind, moved = T.IPC, await self._ipc(client, version, cached[1], info)
+            else:
+                kind, moved = await self._pick_and_move(client, version, source, requested, info)
             t1 = time.perf_counter()
-            moved = await move(client, manifest, placement, source)
-            transfer = time.perf_counter() - t1
             await self._ranks("commit", version, kind == T.STREAM)
+            info["commit"] = time.perf_counter() - t1
             seconds = time.perf_counter() - t0
+            transfer = info.pop("transfer", sum(info.get(k, 0.0) for k in ("rpc", "open", "copy", "check")))
+            opened = bool(info.pop("opened", False))
             log.info("weights.synced", version=version, transport=kind, bytes=moved, seconds=round(seconds, 4),
-                     transfer_s=round(transfer, 4), gbps=round(moved / seconds / 1e9, 3))
-            return SyncResult(version, kind, moved, seconds, transfer)
+                     transfer_s=round(transfer, 4), gbps=round(moved / seconds / 1e9, 3), opened=opened,
+                     **{f"{k}_s": round(v, 5) for k, v in info.items()})
+            return SyncResult(version, kind, moved, seconds, transfer, info, opened)
+
+    async def _pick_and_move(self, client, version: int, source: str, requested, info: dict) -> tuple[str, int]:
+        """The general path: the manifest and placement, the transport, the transfer."""
+        t0 = time.perf_counter()
+        manifest, placement = await client.manifest()
+        if manifest.version != version:
+            raise FailedPrecondition(f"weights_version {version}: the source {source} is at version "
+                                     f"{manifest.version}")
+        self._check(manifest, "the source's manifest")
+        if self._placements is None:
+            self._placements = await self._ranks("placement")
+        kind = T.pick(requested or self.configured, placement, self._placements)
+        why = T.problem(kind, placement, self._placements)
+        if why:
+            raise FailedPrecondition(f"transport {kind}: {why}")
+        info["manifest"] = time.perf_counter() - t0
+        if kind == T.IPC:
+            moved = await self._ipc(client, version, placement.device_uuid, info)
+            self._ipc_source = (source, placement.device_uuid)
+            return kind, moved
+        self._ipc_source = None
+        move = {T.STREAM: self._stream, T.COLLECTIVE: self._collective}[kind]
+        t1 = time.perf_counter()
+        moved = await move(client, manifest, placement, source)
+        info["transfer"] = time.perf_counter() - t1
+        return kind, moved
 
     def _check(self, manifest: Manifest, what: str) -> None:
         problem = manifest.mismatch(self.staging.expected)
@@ -112,13 +143,37 @@ class WeightReceiver:
         return await asyncio.get_running_loop().run_in_executor(
             None, streams.receive, channels, manifest, chunk, self.staging.writer, self._check, self.cfg.timeout_s)
 
-    # ---- CUDA IPC ----------------------------------------------------------------------------
-    async def _ipc(self, client, manifest: Manifest, placement, source) -> int:
-        shared, device_uuid, fields = await client.share(manifest.version)
-        self._check(shared, "ShareWeights")
-        await self._ranks("receive_ipc", device_uuid, fields)
-        await client.release(manifest.version)  # the source's copy was that version throughout
-        return manifest.total_bytes
+    # ---- shared buffer (CUDA IPC; shared memory on a CPU host) -------------------------------
+    async def _ipc(self, client, version: int, device_uuid: str, info: dict) -> int:
+        """One ShareWeights call (the handle and the manifest only when new to this rollout),
+        every rank's copy from the mapped buffer and its checks (tandem/weights/shared.py).
+        Any failure forgets what was cached: the next sync takes the general path."""
+        try:
+            t0 = time.perf_counter()
+            reply = await client.share(version, self._known_buffer, self._known_layout)
+            info["rpc"] = time.perf_counter() - t0
+            if reply.weights_version != version:
+                raise FailedPrecondition(f"ShareWeights answered version {reply.weights_version}, not {version}")
+            if reply.device_uuid != device_uuid:
+                raise FailedPrecondition(f"ipc: the source now runs on GPU {reply.device_uuid!r}, not "
+                                         f"{device_uuid!r} (restarted elsewhere?); sync again")
+            if reply.manifest is not None:
+                self._check(reply.manifest, "ShareWeights")
+                self._known_layout = reply.manifest.fingerprint
+            elif reply.layout != self._known_layout:
+                raise InvalidArgument(f"ShareWeights: layout {reply.layout!r} without its manifest")
+            results = await self._ranks("receive_shared", reply)
+            self._known_buffer = reply.buffer_id
+        except BaseException:
+            self._ipc_source, self._known_buffer = None, ""
+            raise
+        for k in ("open", "copy", "check"):
+            info[k] = max(r[k] for r in results)
+        info["opened"] = any(r["opened"] for r in results)
+        problems = [f"rank {i}: {r['problem']}" for i, r in enumerate(results) if r["problem"]]
+        if problems:
+            raise Aborted("ipc: " + "; ".join(problems))
+        return reply.total_bytes
 
     # ---- collective --------------------------------------------------------------------------
     async def _collective(self, client, manifest: Manifest, placement, source) -> int:
@@ -136,7 +191,8 @@ class WeightReceiver:
     async def _join(self, client, placement, source: str) -> None:
         await self._ranks("leave")
         self._group = None
-        size, backend, timeout, host = 1 + self.group.world, T.backend(placement), self.cfg.timeout_s, self.host
+        size, backend, host = 1 + self.group.world, T.backend(placement), self.host
+        timeout = min(self.cfg.timeout_s, MAX_GROUP_TIMEOUT_S)  # the source refuses longer
         self._store, port = WeightGroup.host_store(host, size, timeout)
         group_id = uuid.uuid4().hex
         await asyncio.gather(client.join(group_id, self.name, host, port, size, backend, timeout),

@@ -10,8 +10,9 @@ are slices of it. On CPU it is the exported tensors themselves (at TP = PP = EP 
 parameters: no copy). Transfers read it off the worker thread, several at once:
 - `stream`: the manifest, chunks of a range of the flat layout (from a GPU through a pinned
   host block), then an end message;
-- `share` / `release`: a CUDA IPC handle of the flat buffer, and the confirmation after the
-  reader's copy;
+- `share`: the version in the source's export buffer, kept across versions and shared once
+  (tandem/weights/shared.py: CUDA IPC on a GPU, a shared-memory file on CPU; the reader checks
+  the buffer's seqlock stamp after its copy); `release` answers older readers;
 - `join` / `broadcast`: a weight group per receiver (tandem/weights/group.py), buckets of the
   flat layout broadcast from rank 0.
 A transfer that overlapped a weight update could be torn (a CPU snapshot may be the live
@@ -22,6 +23,7 @@ ABORTED and the receiver keeps its old weights.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +37,7 @@ from tandem.rpc.errors import Aborted, FailedPrecondition, InvalidArgument, Unav
 from tandem.weights import wire
 from tandem.weights.group import WeightGroup
 from tandem.weights.layout import Manifest, byte_view, pieces, ranges, views
+from tandem.weights.shared import ExportBuffer, ShareReply
 from tandem.weights.transport import local_placement
 
 log = get_logger("tandem.weights.source")
@@ -47,20 +50,26 @@ class Snapshot:
     tensors: list[torch.Tensor]  # manifest order, contiguous, on the source's device
     epoch: int  # the source's mutation count when taken
     flat: torch.Tensor | None = None  # GPU: the flat layout (uint8), `tensors` are views of it
+    export: ExportBuffer | None = None  # the shared buffer holding this version (GPU: always; CPU: once shared)
+    stamp: int = 0  # the export buffer's stamp while it holds this snapshot
 
 
 class WeightSource:
     """take(): on the model's worker thread, -> (version, mutation count, {TP=1 name: tensor});
-    run_model(fn): await fn on that thread; mutations(): the current mutation count."""
+    run_model(fn): await fn on that thread; mutations(): the current mutation count; store_hosts:
+    weight-group rendezvous hosts accepted besides the caller's own address."""
 
     def __init__(self, take: Callable[[], tuple[int, int, dict]], run_model: Callable[..., Awaitable],
-                 mutations: Callable[[], int], threads: int = 4):
+                 mutations: Callable[[], int], threads: int = 4, store_hosts: tuple[str, ...] = ()):
         self._take, self._run_model, self._mutations = take, run_model, mutations
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="tandem-weights")
         self._snapshot: Snapshot | None = None
         self._lock = asyncio.Lock()
         self._local = threading.local()  # each transfer thread's pinned host block
         self.groups: dict[str, WeightGroup] = {}  # receiver -> its group
+        self.store_hosts = tuple(store_hosts)  # rendezvous hosts accepted besides the caller's (store_address.py)
+        self._export: ExportBuffer | None = None  # kept across versions (same-host readers keep it open)
+        self._writes = itertools.count(1)  # stamps of the export buffer's writes
         self.placement = local_placement()
 
     async def _run(self, fn, *args):
@@ -72,11 +81,10 @@ class WeightSource:
         async with self._lock:
             snap = self._snapshot
             if snap is None or snap.epoch != self._mutations():
-                flat = snap.flat if snap is not None else None  # reused when the size allows
                 self._snapshot = snap = None  # the old copy goes first: its memory may be needed
                 device.ipc_collect()
                 current, epoch, weights = await self._run_model(self._take)
-                snap = await self._run_model(_snapshot_of, current, epoch, weights, flat)
+                snap = await self._run_model(self._snapshot_of, current, epoch, weights)
                 self._snapshot = snap
                 log.info("weights.snapshot", version=current, tensors=len(weights), bytes=snap.manifest.total_bytes)
         if version is not None and version != snap.manifest.version:
@@ -122,15 +130,54 @@ class WeightSource:
             buf = self._local.block = device.pinned_empty(max(n, READ_BLOCK))
         return buf
 
-    # ---- CUDA IPC ------------------------------------------------------------------------
-    async def share(self, version: int) -> tuple[Manifest, str, dict]:
-        """(manifest, GPU UUID, the IPC fields of the flat buffer)."""
-        from tandem.weights import ipc
+    # ---- shared export buffer (CUDA IPC / CPU shared memory) ----------------------------
+    def _buffer_for(self, total_bytes: int, dev: torch.device) -> ExportBuffer:
+        """The export buffer, kept while the layout's size and device stay (a new one: new id)."""
+        buf = self._export
+        if buf is None or buf.total_bytes != total_bytes or buf.buffer.device != dev:
+            self._export = buf = None  # the old one first: its memory may be needed
+            device.ipc_collect()
+            self._export = buf = ExportBuffer(total_bytes, dev)
+        return buf
 
+    def _snapshot_of(self, version: int, epoch: int, weights: dict) -> Snapshot:
+        """On a GPU the export buffer written with the version (seqlock stamp); on CPU the
+        tensors as they are (copied into a shared buffer only when a reader asks: `share`)."""
+        manifest = Manifest.of(version, weights)
+        tensors = [t.contiguous() for t in weights.values()]
+        if not tensors or tensors[0].device.type == "cpu":
+            return Snapshot(manifest, tensors, epoch)
+        buf = self._buffer_for(manifest.total_bytes, tensors[0].device)
+        copies = views(buf.flat, manifest)
+        stamp = next(self._writes)
+        buf.write(copies, tensors, stamp)
+        return Snapshot(manifest, copies, epoch, buf.flat, buf, stamp)
+
+    async def share(self, version: int, known_buffer: str = "", known_layout: str = "") -> ShareReply:
+        """The version in the export buffer; its handle only if `known_buffer` is not that
+        buffer, the manifest only if `known_layout` is not its layout."""
         snap = await self.snapshot(version)
-        if snap.flat is None:
-            raise FailedPrecondition("ipc: the source's weights are not on a GPU")
-        return snap.manifest, self.placement.device_uuid, await self._run(ipc.share, snap.flat)
+        if snap.export is None:  # CPU: write the live tensors into the shared buffer once per snapshot
+            async with self._lock:
+                if snap.export is None:
+                    await self._run(self._share_on_host, snap)
+        buf, m = snap.export, snap.manifest
+        fresh = known_buffer != buf.buffer_id
+        fields = await self._run(buf.handle) if fresh else {}  # GPU: computed once per buffer, then cached
+        return ShareReply(m.version, buf.buffer_id, buf.size, m.total_bytes, snap.stamp, buf.word_sum,
+                          m.fingerprint, self.placement.device_uuid, None if known_layout == m.fingerprint else m,
+                          fields, buf.shm_path if fresh else "")
+
+    def _share_on_host(self, snap: Snapshot) -> None:
+        buf = self._buffer_for(snap.manifest.total_bytes, torch.device("cpu"))
+        stamp = next(self._writes)
+        buf.write(views(buf.flat, snap.manifest), snap.tensors, stamp)
+        try:
+            self.check_intact(snap)  # the CPU snapshot is the live parameters: an update may have torn the copy
+        except Aborted:
+            buf.invalidate()
+            raise
+        snap.export, snap.stamp = buf, stamp
 
     async def release(self, version: int) -> None:
         """OK only if the shared tensors held `version` from the share until now."""
@@ -171,21 +218,6 @@ class WeightSource:
             raise Unavailable(f"weight group {group_id}: broadcast failed: {e}") from None
         self.check_intact(snap)
         yield "done", sent
-
-
-def _snapshot_of(version: int, epoch: int, weights: dict, flat: torch.Tensor | None) -> Snapshot:
-    """The snapshot of exported weights: on a GPU copied into one flat buffer (`flat` reused if
-    it has the size), on CPU the tensors as they are."""
-    manifest = Manifest.of(version, weights)
-    tensors = [t.contiguous() for t in weights.values()]
-    if not tensors or tensors[0].device.type == "cpu":
-        return Snapshot(manifest, tensors, epoch)
-    if flat is None or flat.numel() != manifest.total_bytes:
-        flat = torch.empty(manifest.total_bytes, dtype=torch.uint8, device=tensors[0].device)
-    copies = views(flat, manifest)
-    torch._foreach_copy_(copies, tensors)
-    device.synchronize()
-    return Snapshot(manifest, copies, epoch, flat)
 
 
 def _sub(a: int, b: int, size: int) -> list[tuple[int, int]]:

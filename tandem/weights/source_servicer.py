@@ -2,10 +2,14 @@
 encode. The actor's servicer inherits them; `self.weights` is its WeightSource."""
 from __future__ import annotations
 
+import asyncio
+
 from tandem.rpc.errors import InvalidArgument
 from tandem.v1 import weights_pb2
 from tandem.weights import wire
+from tandem.weights.group import MAX_GROUP_TIMEOUT_S
 from tandem.weights.source import WeightSource
+from tandem.weights.store_address import store_problem
 
 MAX_CHUNK_BYTES = 256 << 20  # a chunk message stays well under the 512 MiB gRPC message limit
 
@@ -33,9 +37,8 @@ class WeightSourceServicer:
             yield message
 
     async def ShareWeights(self, request, context):
-        manifest, uuid, fields = await self.weights.share(_version(request))
-        return weights_pb2.ShareWeightsResponse(manifest=wire.manifest_to_pb(manifest), device_uuid=uuid,
-                                                flat=wire.ipc_to_pb(fields))
+        reply = await self.weights.share(_version(request), request.known_buffer, request.known_layout)
+        return wire.share_to_pb(reply)
 
     async def ReleaseWeights(self, request, context):
         await self.weights.release(_version(request))
@@ -45,11 +48,16 @@ class WeightSourceServicer:
         r = request
         if not r.group_id or not r.receiver or not r.store_host:
             raise InvalidArgument("group_id, receiver and store_host must be set")
-        if not 0 < r.store_port < 65536 or r.world_size < 2 or r.timeout_s <= 0:
-            raise InvalidArgument(f"store_port {r.store_port}, world_size {r.world_size} (>= 2), "
-                                  f"timeout_s {r.timeout_s} (> 0)")
+        if not 0 < r.store_port < 65536 or r.world_size < 2:
+            raise InvalidArgument(f"store_port {r.store_port} (1..65535), world_size {r.world_size} (>= 2)")
+        if not 0 < r.timeout_s <= MAX_GROUP_TIMEOUT_S:
+            raise InvalidArgument(f"timeout_s: {r.timeout_s} must be in (0, {MAX_GROUP_TIMEOUT_S:g}] seconds")
         if r.backend not in ("nccl", "gloo"):
             raise InvalidArgument(f"backend: {r.backend!r}; known: ['gloo', 'nccl']")
+        why = await asyncio.get_running_loop().run_in_executor(
+            None, store_problem, r.store_host, context.peer() or "", self.weights.store_hosts)
+        if why:
+            raise InvalidArgument(f"store_host: {why}")
         await self.weights.join(r.group_id, r.receiver, r.store_host, r.store_port, r.world_size, r.backend,
                                 r.timeout_s)
         return weights_pb2.JoinWeightGroupResponse()

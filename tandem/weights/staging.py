@@ -3,7 +3,8 @@
 Every rank holds a flat byte buffer of the TP=1 layout (tandem/weights/layout.py) beside its
 model. A sync fills it (stream chunks land on the front rank and are broadcast to the others
 over the rollout's own group at commit; IPC copies and collective broadcasts land on every
-rank), and only once the whole version is there and checked does `commit` copy each rank's
+rank; IPC reads the source's shared buffer, tandem/weights/shared.py), and only once the
+whole version is there and checked does `commit` copy each rank's
 shard into the parameters in place (tandem/convert/reshard.py `shard_pairs`: views, no
 allocation), on the worker thread between two generations. The parameters' storage never
 changes (the engine's CUDA graphs and fused-step references point at it), and a sync that
@@ -15,6 +16,7 @@ done). Methods other than the `write*` ones run on every rank through the rank g
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ from tandem.parallel import device
 from tandem.weights import transport
 from tandem.weights.group import WeightGroup
 from tandem.weights.layout import Manifest, ranges, views
+from tandem.weights.shared import SharedReader, ShareReply
 
 HOST_BLOCK = 32 << 20  # stream chunks gather in pinned host blocks of this size before a device copy
 
@@ -49,7 +52,7 @@ class WeightStaging:
                                             for m, p in zip(self.mappings, self.params)])
         self.buffer: torch.Tensor | None = None
         self.group: WeightGroup | None = None
-        self._shared: torch.Tensor | None = None  # the source's flat buffer, mapped (ipc)
+        self.shared = SharedReader()  # the source's export buffer, mapped while its id holds (ipc)
 
     # ---- every rank (through the rank group) ---------------------------------------------
     def placement(self) -> transport.Placement:
@@ -59,21 +62,19 @@ class WeightStaging:
         if self.buffer is None:
             self.buffer = torch.empty(self.expected.total_bytes, dtype=torch.uint8, device=device.device())
 
-    def receive_ipc(self, device_uuid: str, fields: dict) -> None:
-        """Copy the source's flat buffer (same layout) from its GPU memory into the staging buffer."""
-        from tandem.weights import ipc
-
-        index = device.index_of_uuid(device_uuid)
-        if index is None:
-            raise ValueError(f"ipc: the source's GPU {device_uuid} is not visible to this rank")
+    def receive_shared(self, reply: ShareReply) -> dict:
+        """Copy the source's shared buffer (same layout; mapped once per buffer_id, tandem/weights/shared.py)
+        into the staging buffer and check the copy: -> {"problem": str | None, "opened": bool, and
+        seconds "open", "copy", "check"}. A problem leaves the parameters untouched (no commit)."""
+        if reply.total_bytes != self.expected.total_bytes:
+            raise ValueError(f"ipc: the source's layout is {reply.total_bytes} bytes, this model's "
+                             f"{self.expected.total_bytes}")
         self.prepare()
-        shared = ipc.open_tensor(fields, torch.uint8, (self.expected.total_bytes,), index)
-        self.buffer.copy_(shared)
-        device.synchronize()
-        # Kept until the next sync: the source reuses its flat buffer from version to version, so the
-        # next open finds this mapping in torch's cache (no new cudaIpcOpenMemHandle) and only settles
-        # torch's reference count; a new buffer (a restarted source) replaces it and closes this one.
-        self._shared = shared
+        t0 = time.perf_counter()
+        opened = self.shared.open(reply)
+        t1 = time.perf_counter()
+        problem, copy_s, check_s = self.shared.copy_into(self.buffer, reply)
+        return {"problem": problem, "opened": opened, "open": t1 - t0, "copy": copy_s, "check": check_s}
 
     def join(self, group_id: str, host: str, port: int, size: int, backend: str, timeout_s: float) -> None:
         """Join the weight group as rank 1 + this rank (the source is rank 0)."""

@@ -8,7 +8,8 @@ auto picks, from where the source's sending rank and every receiving rank run:
 - `stream` otherwise (CPU hosts, mixed placements, no NCCL): chunks over gRPC, which works
   between any two hosts that can reach each other.
 An explicit choice that cannot work here is refused with the reason (`problem`); on CPU the
-collective runs over gloo (tests, and hosts without NCCL but with a gloo path).
+collective runs over gloo and `ipc` over a shared-memory file (tests, and hosts without NCCL;
+auto never picks them on CPU).
 """
 from __future__ import annotations
 
@@ -52,7 +53,10 @@ def _same_gpu(source: Placement, rank: Placement) -> bool:
 
 def problem(kind: str, source: Placement, ranks: list[Placement]) -> str | None:
     """Why `kind` cannot move weights from `source` to `ranks` (None: it can)."""
-    if kind == IPC and not all(_same_gpu(source, r) for r in ranks):
+    if kind == IPC and source.device_type == "cpu":  # a shared-memory file (tests; CPU hosts)
+        if not all(r.device_type == "cpu" and r.host_id == source.host_id for r in ranks):
+            return "ipc from a CPU source needs every rollout rank on its host, on CPU (shared memory)"
+    elif kind == IPC and not all(_same_gpu(source, r) for r in ranks):
         return "ipc needs every rollout rank on the source's GPU (same machine, same GPU)"
     if kind == COLLECTIVE:
         devices = {source.device_type, *(r.device_type for r in ranks)}

@@ -17,6 +17,7 @@ from tandem.rpc.errors import InvalidArgument
 from tandem.v1 import weights_pb2
 from tandem.weights import transport as T
 from tandem.weights.layout import Manifest, TensorSpec
+from tandem.weights.shared import ShareReply
 
 _CHUNK_FIELD = 0x12  # StreamWeightsResponse.chunk: field 2, length-delimited
 _OFFSET_TAG, _DATA_TAG = 0x08, 0x12  # WeightsChunk.offset (varint), .data (bytes)
@@ -73,6 +74,27 @@ def ipc_from_pb(pb: weights_pb2.CudaIpcTensor) -> dict:
     from tandem.weights.ipc import FIELDS
 
     return {f: getattr(pb, f) for f in FIELDS}
+
+
+def share_to_pb(r: ShareReply) -> weights_pb2.ShareWeightsResponse:
+    pb = weights_pb2.ShareWeightsResponse(
+        device_uuid=r.device_uuid, buffer_id=r.buffer_id, buffer_bytes=r.buffer_bytes, total_bytes=r.total_bytes,
+        stamp=r.stamp, weights_version=r.weights_version, layout=r.layout, shm_path=r.shm_path, word_sum=r.word_sum)
+    if r.manifest is not None:
+        pb.manifest.CopyFrom(manifest_to_pb(r.manifest))
+    if r.fields:
+        pb.flat.CopyFrom(ipc_to_pb(r.fields))
+    return pb
+
+
+def share_from_pb(pb: weights_pb2.ShareWeightsResponse) -> ShareReply:
+    """Raises InvalidArgument for sizes that cannot describe a layout and its stamp slot."""
+    if not pb.buffer_id or pb.total_bytes < 0 or pb.buffer_bytes < pb.total_bytes + 8:
+        raise InvalidArgument(f"ShareWeights: buffer {pb.buffer_id!r} of {pb.buffer_bytes} bytes cannot hold a "
+                              f"{pb.total_bytes}-byte layout and its stamp")
+    return ShareReply(pb.weights_version, pb.buffer_id, pb.buffer_bytes, pb.total_bytes, pb.stamp, pb.word_sum,
+                      pb.layout, pb.device_uuid, manifest_from_pb(pb.manifest) if pb.HasField("manifest") else None,
+                      ipc_from_pb(pb.flat) if pb.HasField("flat") else {}, pb.shm_path)
 
 
 def _varint(n: int) -> bytes:

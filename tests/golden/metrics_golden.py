@@ -26,7 +26,8 @@ CASES = {
     "ppo": [os.path.join(ROOT, "deploy", "configs", "arithmetic_ppo.yaml")],
 }
 STEPS = 20
-VOLATILE_PREFIXES = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/weight_sync_gbps")
+VOLATILE_PREFIXES = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/weight_sync_gbps",
+                     "perf/max_memory_", "perf/cpu_memory_", "perf/critic/max_memory_", "perf/critic/cpu_memory_")
 
 
 def run_case(case: str, extra: list[str]) -> list[dict]:

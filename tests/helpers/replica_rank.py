@@ -42,9 +42,10 @@ def main() -> int:
     init_distributed(ParallelConfig.of(cfg.actor_rollout_ref.actor.megatron), rank, 2, rdzv, seed=1)
     tokenizer = AutoTokenizer.from_pretrained(tok)
     actor = ActorWorker(cfg, len(tokenizer))
-    replica = hybrid.colocated_rollout_worker(actor, tokenizer, 64, False, generation_tp=1)
+    colocated = hybrid.colocated_rollout_worker(actor, tokenizer, 64, False, generation_tp=1)
+    replica = colocated.engine
     assert isinstance(replica, ReplicaRollout)
-    targets = {"actor": actor, "replica": replica}
+    targets = {"actor": actor, "replica": colocated}
     if tp > 1:
         targets["shared"] = hybrid.colocated_rollout_worker(actor, tokenizer, 64, False, generation_tp=None)
     group = RankGroup(targets)

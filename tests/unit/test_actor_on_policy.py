@@ -4,10 +4,16 @@ ComputeLogProb pass followed by a normal update; refused where rows would be tra
 weights than the ones that sampled them."""
 import pytest
 import torch
+from actor_runs import MEMORY_METRICS
 from test_actor_worker import generate, make_worker, weights
 
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
+
+
+def deterministic(metrics: dict) -> dict:
+    """Without the process's memory figures (they differ between any two updates)."""
+    return {k: v for k, v in metrics.items() if k not in MEMORY_METRICS}
 
 
 def with_advantages(seq, seed=0):
@@ -27,7 +33,7 @@ def test_on_policy_update_equals_a_log_prob_pass_then_an_update(megatron_dist, a
     metrics_a = a.update_actor(batch.union(old))
     metrics_b, old_b = b.update_actor_on_policy(batch)
     assert torch.equal(old_b["old_log_probs"], old["old_log_probs"])
-    assert metrics_b == metrics_a and metrics_b["actor/ppo_kl"] == 0.0
+    assert deterministic(metrics_b) == deterministic(metrics_a) and metrics_b["actor/ppo_kl"] == 0.0
     wa, wb = weights(a), weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert b.weights_version == a.weights_version == 1
@@ -37,7 +43,7 @@ def test_on_policy_update_equals_a_log_prob_pass_then_an_update(megatron_dist, a
     batch2 = with_advantages(seq2, seed=1)
     metrics_a = a.update_actor(batch2.union(a.compute_log_prob(seq2)))
     metrics_b, _ = b.update_actor_on_policy(batch2)
-    assert metrics_b == metrics_a
+    assert deterministic(metrics_b) == deterministic(metrics_a)
     wa, wb = weights(a), weights(b)
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 

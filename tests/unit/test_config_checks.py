@@ -16,7 +16,18 @@ import pytest
 from tandem.algos import advantages, aggregate
 from tandem.algos import losses as algo_losses
 from tandem.config import ConfigError, MegatronConfig, TandemConfig, checks, load_config, validate
-from tandem.config.checks import actor, algorithm, files, parallel, placement, reward, rollout, services, trainer
+from tandem.config.checks import (
+    actor,
+    algorithm,
+    files,
+    memory,
+    parallel,
+    placement,
+    reward,
+    rollout,
+    services,
+    trainer,
+)
 from tandem.config.model_file import check_model, check_moe
 
 A = "actor_rollout_ref"
@@ -111,7 +122,7 @@ def test_validate_runs_every_check():
     import pkgutil
 
     modules = [importlib.import_module(f"tandem.config.checks.{m.name}") for m in pkgutil.iter_modules(checks.__path__)]
-    assert {actor, algorithm, files, parallel, placement, reward, rollout, services, trainer} <= set(modules)  # control
+    assert {actor, algorithm, files, memory, parallel, placement, reward, rollout, services, trainer} <= set(modules)  # control
     defined = {fn for module in modules
                for name, fn in inspect.getmembers(module, inspect.isfunction)
                if name.startswith("check_") and fn.__module__ == module.__name__}

@@ -79,7 +79,10 @@ def test_transport_pick():
     assert T.pick(None, gpu0, [gpu0, gpu1]) == T.STREAM  # mixed: no transport but the stream fits all
     assert T.pick(None, cpu, [cpu]) == T.STREAM and T.backend(cpu) == "gloo"
     assert T.pick(None, gpu0, [T.Placement("other", "cuda", "GPU-0", True)]) == T.COLLECTIVE  # same UUID elsewhere
-    assert T.problem(T.IPC, cpu, [cpu]) and T.problem(T.COLLECTIVE, gpu0, [gpu0]) and T.problem(T.COLLECTIVE, cpu, [gpu1])
+    assert T.problem(T.COLLECTIVE, gpu0, [gpu0]) and T.problem(T.COLLECTIVE, cpu, [gpu1])
+    # ipc from a CPU source: a shared-memory file, for ranks on its host and on CPU only (never auto)
+    assert T.problem(T.IPC, cpu, [cpu]) is None and T.problem(T.IPC, cpu, [gpu1])
+    assert T.problem(T.IPC, cpu, [T.Placement("other", "cpu", "", False)]) and T.problem(T.IPC, gpu0, [cpu])
     assert T.problem(T.COLLECTIVE, cpu, [cpu, cpu]) is None and T.problem(T.STREAM, gpu0, [cpu]) is None
     assert T.pick(T.STREAM, gpu0, [gpu0]) == T.STREAM
 

@@ -10,8 +10,10 @@ from tandem.config.checks.actor import check_actor, check_tis
 from tandem.config.checks.algorithm import check_algorithm, check_dapo
 from tandem.config.checks.async_training import check_async_training
 from tandem.config.checks.files import check_model_files
+from tandem.config.checks.memory import check_memory
 from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.placement import check_placement
+from tandem.config.checks.profile import check_profile
 from tandem.config.checks.reward import check_custom_reward_function, check_reward_calls, check_reward_model
 from tandem.config.checks.rollout import check_rollout, check_val_kwargs
 from tandem.config.checks.services import check_services
@@ -28,7 +30,7 @@ from tandem.config.schema import TandemConfig
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
-          check_model_files, check_sft, check_async_training)
+          check_model_files, check_sft, check_async_training, check_profile, check_memory)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:

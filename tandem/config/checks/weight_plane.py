@@ -35,6 +35,8 @@ def check_standalone_rollout(cfg: TandemConfig) -> None:
     check(w.bucket_mb >= 1, f"{key}.weight_sync.bucket_mb", f"{w.bucket_mb} must be >= 1 MiB")
     check(1 <= w.streams <= 16, f"{key}.weight_sync.streams", f"{w.streams} must be in 1..16")
     check(w.timeout_s > 0, f"{key}.weight_sync.timeout_s", "must be > 0")
+    bad = [h for h in w.store_hosts if not h or any(c.isspace() or c in "/@" for c in h)]
+    check(not bad, f"{key}.weight_sync.store_hosts", f"{bad}: each must be a host name or IP address, no port")
     check(1 <= s.rollout.replicas <= 64, "services.rollout.replicas", f"{s.rollout.replicas} must be in 1..64")
     if s.rollout.endpoint:
         n = len(s.rollout.endpoint.split(","))

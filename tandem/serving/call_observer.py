@@ -1,0 +1,112 @@
+"""What every rank notes around each rank-group call: the RL step it belongs to, a torch.profiler
+trace of the chosen steps and ranks (verl's `profile` keys), and the seconds it spent compiling.
+
+Traces: `<save_path>/<role>_rank<r>_step<s>.json` (Chrome trace JSON; chrome://tracing or
+https://ui.perfetto.dev, or `python bench/trace_gaps.py FILE`), one per traced RL step, holding
+every call of that step on that rank (each call a `<target>.<method>` range). The step is the
+caller's `x-step` (controller/roles.py `set_step`); a step's trace is written when the first call
+of another step arrives, or when the run is released or the service stops. Calls that carry no
+step (before the first RL step) are never traced; the last step's trace also holds what the
+run does after it with the same tag (final validation, checkpoint).
+
+Compile time: after a call in which this process spent time in torch.compile (dynamo + inductor,
+`torch._dynamo.utils.calculate_time_spent`) or capturing CUDA graphs
+(tandem/generation/graphs.py), one log line `compile.spent` with both (bench/e2e_step.py reads them).
+
+Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
+the rank-group protocol (rank_group.py).
+"""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager, nullcontext
+
+import torch
+
+from tandem.logging import get_logger
+
+_log = get_logger("tandem.serving.call_observer")
+
+
+def compile_seconds() -> float:
+    """Seconds this process spent in torch.compile so far (dynamo frames, backward included)."""
+    try:
+        from torch._dynamo.utils import calculate_time_spent
+    except ImportError:  # pragma: no cover - torch without dynamo
+        return 0.0
+    return float(calculate_time_spent().get("total_wall_time", 0.0))
+
+
+def capture_seconds() -> float:
+    from tandem.generation.graphs import CAPTURE_SECONDS
+
+    return CAPTURE_SECONDS[0]
+
+
+class CallObserver:
+    """One rank's observer (`profile`: the service's ProfileConfig, None: no traces)."""
+
+    def __init__(self, role: str, rank: int, profile=None):
+        self.role, self.rank = role, rank
+        on = profile is not None and profile.use_profile
+        self.ranks = set([0] if on and profile.profile_ranks is None else (profile.profile_ranks if on else []))
+        self.profile = profile if on and rank in self.ranks else None
+        self.step: int | None = None
+        self.prof = None
+
+    def wants(self, step: int | None) -> bool:
+        p = self.profile
+        return p is not None and step is not None and p.step_start <= step < p.step_end
+
+    @contextmanager
+    def call(self, step: int | None, name: str):
+        self._at_step(step)
+        c0, g0 = compile_seconds(), capture_seconds()
+        with torch.profiler.record_function(name) if self.prof is not None else nullcontext():
+            yield
+        dc, dg = compile_seconds() - c0, capture_seconds() - g0
+        if dc > 1e-3 or dg > 1e-3:
+            _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3))
+
+    def _at_step(self, step: int | None) -> None:
+        if step == self.step:
+            return
+        self.close()
+        self.step = step
+        if self.wants(step):
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.prof = torch.profiler.profile(activities=activities)
+            self.prof.start()
+
+    def close(self) -> None:
+        """Write the open trace, if any."""
+        if self.prof is None:
+            return
+        prof, self.prof = self.prof, None
+        prof.stop()
+        os.makedirs(self.profile.save_path, exist_ok=True)
+        path = os.path.join(self.profile.save_path, f"{self.role}_rank{self.rank}_step{self.step}.json")
+        if os.path.exists(path):  # another process of the role (a second rollout replica)
+            path = path[:-len(".json")] + f"_pid{os.getpid()}.json"
+        prof.export_chrome_trace(path)
+        _log.info("profile.written", path=path, rl_step=self.step)
+
+
+def profile_section(cfg, role: str):
+    """The ProfileConfig a service of `role` reads (None: the role has none, e.g. the reward)."""
+    from tandem.config.checks.profile import SECTIONS, section_of
+
+    return section_of(cfg, SECTIONS[role]) if role in SECTIONS else None
+
+
+def step_of_call() -> int | None:
+    """The RL step the current call carries (x-step, bound by tandem/rpc/interceptors.py)."""
+    import structlog
+
+    value = structlog.contextvars.get_contextvars().get("step")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None

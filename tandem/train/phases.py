@@ -1,0 +1,129 @@
+"""Which state of a model worker lives on the device in which phase, and the moves between phases.
+
+A worker declares its state groups (a model's parameters, its gradient buffers, its optimizer
+state, the generation engine's KV cache) and, for each phase of its work (`generate`,
+`log_probs`, `train`, ...), which groups that phase uses. Entering a phase first moves out every
+group the phase does not use whose offload key is on, then moves in every group it uses that is
+out: a group leaves the device only when something else needs the room, so two calls in a row
+that use it (a generation, then old log-probs) move nothing. A worker that shares its GPU with
+other processes (the critic; a standalone actor) also enters `idle` after each call, so that its
+offloaded groups leave the device between calls (verl's behaviour) and the memory goes back to
+the driver. verl's keys map to groups: `param_offload` (parameters, pinned host memory),
+`grad_offload` (gradient buffers, dropped: every mini-batch zeroes them anyway),
+`optimizer_offload` (fp32 main weights and Adam moments, pinned host memory).
+
+Deliberately not here: how bytes move (offload.py); which phases a role has (its worker).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tandem.parallel import device
+from tandem.train.offload import HostStash, distinct_storages
+
+IDLE = "idle"
+
+
+@dataclass
+class StateGroup:
+    name: str
+    offload: bool  # the group's offload key: it leaves the device in phases that do not use it
+    move_out: Callable[[], object]
+    move_in: Callable[[], object]
+    on_device: bool = True
+    before_out: list[Callable[[], object]] = field(default_factory=list)  # e.g. release CUDA graphs on it
+    stash: HostStash | None = None  # where its bytes wait, for groups that are copied out
+
+
+class MemoryPhases:
+    """A worker's state groups and its current phase; `phase(name)` around every call."""
+
+    def __init__(self, uses: dict[str, set[str]], idle_after_call: bool = False):
+        self.uses = {**uses, IDLE: set()}
+        self.idle_after_call = idle_after_call
+        self.groups: dict[str, StateGroup] = {}
+        self.current = IDLE
+
+    def add(self, group: StateGroup) -> StateGroup:
+        if group.name in self.groups:
+            raise ValueError(f"state group {group.name!r} is already registered")
+        self.groups[group.name] = group
+        return group
+
+    def enter(self, phase: str) -> None:
+        if phase not in self.uses:
+            raise ValueError(f"unknown phase {phase!r}; known: {sorted(self.uses)}")
+        used = self.uses[phase]
+        moved_out = False
+        for g in self.groups.values():  # first make room
+            if g.offload and g.on_device and g.name not in used:
+                for fn in g.before_out:
+                    fn()
+                g.move_out()
+                g.on_device, moved_out = False, True
+        for g in self.groups.values():
+            if g.name in used and not g.on_device:
+                g.move_in()
+                g.on_device = True
+        if moved_out and phase == IDLE:
+            device.empty_cache()  # other processes on this GPU get the memory
+        self.current = phase
+
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Enter `name` for the duration of a call (and `idle` after it when idle_after_call)."""
+        self.enter(name)
+        try:
+            yield
+        finally:
+            if self.idle_after_call:
+                self.enter(IDLE)
+
+    def drop(self) -> None:
+        """The worker is being discarded (its run released): the stashed bytes and the pinned host
+        buffers go now, not when the last reference to the worker does; the phases are not used after."""
+        for g in self.groups.values():
+            if g.stash is not None:
+                g.stash.drop()
+        device.empty_host_cache()
+
+    def where(self) -> dict[str, str]:
+        """{group: 'device' | 'host'} (a dropped gradient buffer counts as 'host')."""
+        return {name: "device" if g.on_device else "host" for name, g in self.groups.items()}
+
+
+# ---- the groups model workers have --------------------------------------------------------------
+
+def params_group(name: str, model, offload: bool) -> StateGroup:
+    """A model's parameters, stashed in (pinned) host memory while out."""
+    stash = HostStash()
+    return StateGroup(name, offload, lambda: stash.offload(distinct_storages(model.parameters())),
+                      lambda: stash.reload(wait=True), stash=stash)
+
+
+def grads_group(ddp, offload: bool) -> StateGroup:
+    """megatron DDP's gradient buffers, dropped while out (megatron-core's own
+    offload_grad_buffers / restore_grad_buffers: freed, then reallocated zeroed)."""
+    return StateGroup("grads", offload, lambda: ddp.offload_grad_buffers(synchronize=True, empty_cache=False),
+                      lambda: ddp.restore_grad_buffers(synchronize=False))
+
+
+def optimizer_group(optimizers: Callable[[], list], model, offload: bool) -> StateGroup:
+    """The state of `optimizers()` (tandem.train.optim.Optimizer: fp32 main weights, Adam moments,
+    never the model's own weights), stashed in (pinned) host memory while out. Moving in does not
+    wait: the copies overlap the first mini-batch's forward and backward, and each optimizer waits
+    for them just before its first step (`Optimizer.before_step`)."""
+    stash = HostStash()
+
+    def move_out():
+        tensors = [t for opt in optimizers() for t in opt.state_tensors()]
+        stash.offload(distinct_storages(tensors, exclude=model.parameters()))
+
+    def move_in():
+        stash.reload(wait=False)
+        for opt in optimizers():
+            opt.before_step = stash.ready
+
+    return StateGroup("optimizer", offload, move_out, move_in, stash=stash)

@@ -1,0 +1,43 @@
+"""CallObserver (tandem/serving/call_observer.py) in one process: traces only for the chosen
+steps of a chosen rank, one file per step, and a compile.spent line only after a call that compiled."""
+import json
+import os
+
+import torch
+from structlog.testing import capture_logs
+
+from tandem.config.schema import ProfileConfig
+from tandem.serving.call_observer import CallObserver
+
+
+def _work():
+    torch.ones(64, 64) @ torch.ones(64, 64)
+
+
+def test_traces_for_the_chosen_steps_only(tmp_path):
+    profile = ProfileConfig(use_profile=True, profile_ranks=[0], step_start=2, step_end=4, save_path=str(tmp_path))
+    obs = CallObserver("actor", 0, profile)
+    for step in (None, 1, 2, 2, 3, 4):
+        with obs.call(step, "actor.update"):
+            _work()
+    obs.close()
+    assert sorted(os.listdir(tmp_path)) == ["actor_rank0_step2.json", "actor_rank0_step3.json"]
+    step2 = json.loads((tmp_path / "actor_rank0_step2.json").read_text())["traceEvents"]
+    assert sum(e.get("name") == "actor.update" for e in step2) == 2  # both calls of step 2, one range each
+    other_rank = CallObserver("actor", 1, profile)
+    with other_rank.call(2, "actor.update"):
+        _work()
+    other_rank.close()
+    assert not os.path.exists(tmp_path / "actor_rank1_step2.json")
+
+
+def test_compile_time_is_logged_after_a_call_that_compiled():
+    obs = CallObserver("actor", 0, None)
+    fn = torch.compile(lambda x: torch.sin(x) * 2, backend="eager")
+    with capture_logs() as logs:
+        with obs.call(1, "actor.update"):
+            fn(torch.ones(8))
+        with obs.call(1, "actor.update"):
+            fn(torch.ones(8))  # compiled already
+    spent = [e for e in logs if e["event"] == "compile.spent"]
+    assert len(spent) == 1 and spent[0]["rl_step"] == 1 and spent[0]["compile_s"] > 0
