@@ -2,7 +2,7 @@
 
     python bench/offload.py --out DIR [--shape 1.5b] [--variants off,all,param,grad,optimizer,ref]
                             [--warmup 1] [--steps 2] [--prompts 32] [--n 8] [--new-tokens 512] [--prompt-len 64]
-                            [--budget-s 330]
+                            [--budget-s S] [--reuse]
     python bench/offload.py --out /tmp/offload --shape tiny --prompts 4 --n 2 --new-tokens 8 --steps 1  # CPU smoke
 
 One step is what a colocated GRPO step does in the actor process, through the service's own code
@@ -17,7 +17,9 @@ CPU). Each variant runs in its own process (its own peaks, no compiled code or m
 `--warmup` untimed steps (compilation, graph capture), then one move of every group out and back
 (the Adam state exists after the first update: this allocates its pinned host buffers, once per
 process, outside the timed steps), then `--steps` timed ones. Variants (in this order, the goal's
-two first: a variant that would overrun `--budget-s` is skipped and said so):
+two first: a variant that would overrun `--budget-s` is skipped and said so; on an H200 a variant
+costs ~140-200 s, mostly start-up and compilation, so split the set over two device calls with the
+same `--out` and `--reuse`):
 
   off           no offload (the baseline of every ratio)
   all           verl's four offload keys ("full offload"); the KV cache stays, as in off
@@ -262,7 +264,9 @@ def main() -> None:
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--mini", type=int, help="ppo_mini_batch_size, prompts per optimizer step (default: a quarter)")
     p.add_argument("--micro", type=int, default=16, help="rows per forward/backward")
-    p.add_argument("--budget-s", type=float, default=330, help="start no variant that would end after this")
+    p.add_argument("--budget-s", type=float, default=0, help="start no variant that would end after this (0: no limit)")
+    p.add_argument("--reuse", action="store_true", help="take a variant's figures from OUT/<variant>.json when there "
+                   "(a set split over several calls: each variant costs ~140-200 s on an H200, mostly build and compile)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # run one variant in this process, JSON to OUT/<variant>.json
     args = p.parse_args()
     args.mini = args.mini or max(1, args.prompts // 4)
@@ -287,13 +291,18 @@ def main() -> None:
     variants.sort(key=lambda v: v != "off")  # the baseline first
     results, took = [], []
     for v in variants:
-        left = args.budget_s - (time.perf_counter() - t_start)
+        if args.reuse and os.path.isfile(kept := os.path.join(args.out, f"{v}.json")):
+            with open(kept) as f:
+                results.append(json.load(f))
+            print(f"variant {v}: figures reused from {kept}", flush=True)
+            continue
+        left = (args.budget_s or float("inf")) - (time.perf_counter() - t_start)
         expected = max(took[1:] or took or [0])  # the first variant also compiles what the others reuse
         if left < expected:
             print(f"variant {v}: skipped, {left:.0f} s of --budget-s left and a variant takes ~{expected:.0f} s", flush=True)
             continue
         t = time.perf_counter()
-        r = run_in_subprocess(args, v, timeout_s=max(left, 60) + 60)
+        r = run_in_subprocess(args, v, timeout_s=min(max(left, 60) + 60, 3600))
         took.append(time.perf_counter() - t)
         if r is None:
             continue
