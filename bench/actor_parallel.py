@@ -103,12 +103,12 @@ def build_moe(path: str) -> str:
 def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, load_from: str | None,
               init_from: str | None, hf: str | None) -> None:
     world, tp, pp, _ = LAYOUTS[name]
-    from tandem.services.actor.front import ActorFront
-    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
     from tandem.parallel import device
     from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from tandem.serving.rank_group import RankGroup
 
     os.environ["LOCAL_RANK"] = str(rank)

@@ -46,16 +46,15 @@ import psutil
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from bench.make_checkpoint import make_checkpoint  # noqa: E402
+from tandem.algos.kl import get_kl_controller  # noqa: E402
+from tandem.config import load_config  # noqa: E402
 from tandem.controller.data import Cursor, collate, load_examples  # noqa: E402
 from tandem.controller.launchers import LaunchContext, endpoints  # noqa: E402
 from tandem.controller.launchers.local import LocalLauncher  # noqa: E402
 from tandem.controller.roles import connect, needed_roles  # noqa: E402
 from tandem.controller.run_dir import create_run_dir  # noqa: E402
 from tandem.controller.step import StepContext, ppo_step  # noqa: E402
-
-from bench.make_checkpoint import make_checkpoint  # noqa: E402
-from tandem.algos.kl import get_kl_controller  # noqa: E402
-from tandem.config import load_config  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402
 
 A = "actor_rollout_ref.actor"

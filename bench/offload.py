@@ -103,14 +103,14 @@ def grpo_advantages(rows: int, n: int, mask: torch.Tensor, seed: int) -> torch.T
 
 def run_variant(args, variant: str) -> dict:
     """In this process: build the actor, run the steps -> the variant's figures."""
-    from tandem.services.actor import hybrid
-    from tandem.services.actor.front import ActorFront
     from transformers import AutoTokenizer
 
     from tandem.data.batch import DataProto
     from tandem.generation.sampling import SamplingParams
     from tandem.parallel import device
     from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.services.actor import hybrid
+    from tandem.services.actor.front import ActorFront
 
     cfg = config(args, variant)
     rdzv = os.path.join(tempfile.mkdtemp(prefix="tandem-offload-"), "rdzv")

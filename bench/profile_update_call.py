@@ -68,10 +68,10 @@ def _free_port() -> int:
 
 
 def build(threads: int):
-    from tandem.controller.run_dir import create_run_dir
     from transformers import AutoTokenizer
 
     from tandem.config import load_config
+    from tandem.controller.run_dir import create_run_dir
     from tandem.parallel.layout import ParallelConfig, init_distributed
 
     tmp = tempfile.mkdtemp(prefix="tandem-profile-")
@@ -91,7 +91,6 @@ def step_rows(cfg, tok, actor, seed: int):
     """16 prompts x 8 samples from the actor's policy, as the controller sends them to UpdateActor."""
     from tandem.controller.data import collate, load_examples
     from tandem.controller.step import sequences
-
     from tandem.data.batch import DataProto
     from tandem.generation.sampling import SamplingParams
     from tandem.rollout.worker import RolloutWorker

@@ -28,13 +28,12 @@ import time
 
 TREE = os.environ.get("TANDEM_BENCH_TREE") or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.abspath(TREE))
+from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.controller.data import Cursor, collate, load_examples  # noqa: E402
 from tandem.controller.launchers import LaunchContext, endpoints  # noqa: E402
 from tandem.controller.launchers.local import LocalLauncher  # noqa: E402
 from tandem.controller.roles import Roles, connect, needed_roles  # noqa: E402
 from tandem.controller.step import StepContext, ppo_step  # noqa: E402
-
-from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.data.batch import DataProto  # noqa: E402
 from tandem.generation.sampling import SamplingParams  # noqa: E402
 
@@ -189,10 +188,10 @@ class InprocMode:
 
     def __init__(self, cfg, tokenizer, prompts: list[DataProto], on_loop: bool = False):
         import torch
-        from tandem.services.actor.front import ActorFront
-        from tandem.services.reward.worker import RewardWorker
 
         from tandem.rollout.worker import RolloutWorker
+        from tandem.services.actor.front import ActorFront
+        from tandem.services.reward.worker import RewardWorker
         from tandem.serving.worker_thread import WorkerThread
 
         torch.set_num_threads(max(1, cfg.services.actor.torch_threads))  # as the actor service
@@ -249,10 +248,10 @@ class BaselineMode:
 
 def driver_main(count: int, overrides: list[str]) -> None:
     """--driver: GrpcMode in this tree for steps read from stdin, one JSON line [seconds, metrics] each."""
-    from tandem.controller.run_dir import create_run_dir
     from transformers import AutoTokenizer
 
     from tandem.config import load_config
+    from tandem.controller.run_dir import create_run_dir
     from tandem.logging import configure_logging
 
     out = sys.stdout

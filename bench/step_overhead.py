@@ -52,9 +52,9 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from step_modes import BaselineMode, GrpcMode, InprocMode, PureMode, load_prompts  # noqa: E402
-from tandem.controller.run_dir import create_run_dir  # noqa: E402
 
 from tandem.config import load_config  # noqa: E402
+from tandem.controller.run_dir import create_run_dir  # noqa: E402
 from tandem.data import codec  # noqa: E402
 from tandem.data.batch import DataProto  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402

@@ -31,9 +31,8 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from tandem.controller.batch_queue import BatchQueue, Drawn, StampedBatch
-
 from tandem.algos import metrics as M
+from tandem.controller.batch_queue import BatchQueue, Drawn, StampedBatch
 
 
 class Phases(Protocol):

@@ -20,14 +20,13 @@ from __future__ import annotations
 import time
 from contextlib import AbstractAsyncContextManager
 
+from tandem.algos import metrics as M
+from tandem.config import TandemConfig
 from tandem.controller import checkpointing
 from tandem.controller.async_loop import AsyncLoop, Bounds
 from tandem.controller.batch_queue import Drawn, StampedBatch
 from tandem.controller.data import collate
 from tandem.controller.step import StepContext, nothing_to_train, perf_metrics, rollout_and_score, train_on
-
-from tandem.algos import metrics as M
-from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 
 

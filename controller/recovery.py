@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tandem.controller.launchers import Launcher
 from tandem.controller.roles import Roles
-
 from tandem.logging import get_logger
 
 _log = get_logger("controller.recovery")

@@ -14,12 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from tandem.config import TandemConfig
 from tandem.controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
 from tandem.controller.launchers.commands import replica_index, service_of
 from tandem.controller.rollout_replicas import RolloutReplicas, replica_roles
 from tandem.controller.weight_sync import sync_weights
-
-from tandem.config import TandemConfig
 from tandem.rpc.security import EndpointSecurity
 
 ROLE_CLIENTS = {"actor": ActorClient, "reward": RewardClient, "rollout": RolloutClient, "critic": CriticClient}

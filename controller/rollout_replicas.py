@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 
 import torch
-from tandem.controller.clients import RolloutClient
 
+from tandem.controller.clients import RolloutClient
 from tandem.data.batch import DataProto
 from tandem.rollout.outputs import concat_generations
 

@@ -29,6 +29,8 @@ import os
 import time
 from dataclasses import asdict
 
+from tandem.algos.kl import get_kl_controller
+from tandem.config import TandemConfig
 from tandem.controller import checkpointing
 from tandem.controller.async_train import train_async
 from tandem.controller.cancel import CancelFlag, RunCancelled, save_on_cancel
@@ -42,9 +44,6 @@ from tandem.controller.sft import run_sft, split_dev
 from tandem.controller.step import StepContext, ppo_step
 from tandem.controller.tracking import Tracking
 from tandem.controller.validation import greedy_accuracy, run_validation
-
-from tandem.algos.kl import get_kl_controller
-from tandem.config import TandemConfig
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 from tandem.tokenizer import load_tokenizer

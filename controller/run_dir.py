@@ -16,10 +16,9 @@ import time
 import uuid
 from dataclasses import replace
 
+from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.controller import checkpointing
 from tandem.controller.sft import resolve_stop
-
-from tandem.config import TandemConfig, load_config, to_yaml
 
 CONFIG_FILE = "config.yaml"
 

@@ -12,11 +12,11 @@ the verifiers themselves (services/reward/), advantages and KL (tandem/algos/).
 from __future__ import annotations
 
 import torch
-from tandem.controller.reward_calls import RowScores, score_rows
 
 from tandem.algos import dapo as dapo_algos
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
+from tandem.controller.reward_calls import RowScores, score_rows
 from tandem.data.batch import DataProto
 
 

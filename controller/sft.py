@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 import torch
-from tandem.controller.data import Cursor, Example
 
 from tandem.config import ConfigError, SftConfig
+from tandem.controller.data import Cursor, Example
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 

@@ -27,15 +27,15 @@ from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
-from tandem.controller import scoring
-from tandem.controller.dapo import collect_varied_groups
-from tandem.controller.reward_calls import RowScores, settle
-from tandem.controller.roles import Roles
 
 from tandem.algos import advantages as adv_algos
 from tandem.algos import kl as kl_algos
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
+from tandem.controller import scoring
+from tandem.controller.dapo import collect_varied_groups
+from tandem.controller.reward_calls import RowScores, settle
+from tandem.controller.roles import Roles
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 

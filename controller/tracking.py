@@ -45,6 +45,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
 from tandem.controller.trackers import SINKS, make_sink
 
 KNOWN_LOGGERS = ("console", "jsonl", "tensorboard", *SINKS)

@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from tandem.algos import metrics as M
 from tandem.controller.data import Example, collate
 from tandem.controller.reward_calls import settle
 from tandem.controller.scoring import decode_responses, score
-
-from tandem.algos import metrics as M
 
 N_BOOTSTRAP = 1000
 ANSWER_MARKER = "####"

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import PORTS
 

@@ -20,6 +20,7 @@ import os
 import sys
 
 import yaml
+
 from tandem.controller.launchers import commands
 
 SPEC_DIR = "/runs/spec"  # on the shared volume: the config every container starts from

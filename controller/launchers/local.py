@@ -24,7 +24,6 @@ from collections.abc import Sequence
 
 from tandem.controller.launchers import LaunchContext, Launcher, log_tail
 from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
-
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.local")

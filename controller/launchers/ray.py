@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import service_argv, service_env, service_of
 from tandem.controller.launchers.ray_rank import ServiceRank
-
 from tandem.logging import get_logger
 
 _log = get_logger("controller.launchers.ray")

@@ -13,8 +13,8 @@ import time
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tandem.controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
 
+from tandem.controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
 from tandem.rpc.errors import TandemError, Unavailable
 
 COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")

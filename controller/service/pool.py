@@ -25,10 +25,10 @@ import time
 from collections.abc import Sequence
 
 import psutil
+
 from tandem.controller.clients import LifecycleClient, release_now
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import long_lived_argv, service_env, service_of
-
 from tandem.logging import get_logger
 from tandem.rpc.errors import TandemError
 

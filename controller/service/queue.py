@@ -20,6 +20,7 @@ import json
 import os
 import threading
 
+from tandem.config import TandemConfig, load_config
 from tandem.controller import checkpointing
 from tandem.controller.cancel import RunCancelled
 from tandem.controller.launchers import LaunchContext
@@ -27,8 +28,6 @@ from tandem.controller.run_dir import CONFIG_FILE, create_run_dir, reopen_run_di
 from tandem.controller.service.events import ServiceRun
 from tandem.controller.service.pool import PoolLauncher, ServicePool
 from tandem.controller.service.records import Records, RunRecord
-
-from tandem.config import TandemConfig, load_config
 from tandem.logging import get_logger
 from tandem.rpc.errors import FailedPrecondition, NotFound
 

@@ -20,7 +20,6 @@ from tandem.controller.service.queue import RunQueue, recover
 from tandem.controller.service.records import Records
 from tandem.controller.service.servicer import SERVICE, ControllerServicer
 from tandem.controller.service.status_page import start_status_page
-
 from tandem.logging import configure_logging, get_logger
 from tandem.rpc.errors import TandemError
 

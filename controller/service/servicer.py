@@ -8,12 +8,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+from tandem.config import ConfigError
 from tandem.controller.service.pool import ServicePool
 from tandem.controller.service.queue import RunQueue
 from tandem.controller.service.records import Event, Records, RunRecord
 from tandem.controller.service.submit import new_record
-
-from tandem.config import ConfigError
 from tandem.logging import get_logger
 from tandem.rpc.errors import InvalidArgument, NotFound
 from tandem.v1 import controller_pb2

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import time
 
-from tandem.controller.run_dir import new_run_id
-from tandem.controller.service.records import RunRecord
-
 from tandem.config import load_config, to_yaml
 from tandem.config.paths import check_paths
+from tandem.controller.run_dir import new_run_id
+from tandem.controller.service.records import RunRecord
 
 
 def new_record(config_yaml: str, overrides: list[str], source: str = "") -> RunRecord:

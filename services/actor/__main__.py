@@ -6,13 +6,12 @@ starts the other ranks; they build the same workers and follow rank 0's commands
 """
 from __future__ import annotations
 
+from tandem.models.shape_from_config import model_shape
+from tandem.parallel.layout import ParallelConfig
 from tandem.services.actor import hybrid
 from tandem.services.actor.front import ActorFront
 from tandem.services.actor.servicer import SERVICE, ActorServicer
 from tandem.services.actor.worker import ActorWorker
-
-from tandem.models.shape_from_config import model_shape
-from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import load_tokenizer, run_service
 from tandem.serving.role import Built, Role
 from tandem.serving.rollout_front import RolloutFront

@@ -14,11 +14,11 @@ import sys
 
 
 def export(step_dir: str, out_dir: str) -> str:
-    from tandem.services.actor.front import ActorFront
     from transformers import AutoTokenizer
 
     from tandem.config import load_config
     from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.services.actor.front import ActorFront
 
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(step_dir)))
     cfg = load_config(os.path.join(run_dir, "config.yaml"),

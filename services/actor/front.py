@@ -6,10 +6,9 @@ the weight plane's check that a transfer was not torn by an update, tandem/weigh
 """
 from __future__ import annotations
 
-from tandem.services.actor.worker import ActorWorker
-
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
+from tandem.services.actor.worker import ActorWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import loss_units

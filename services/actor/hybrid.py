@@ -17,12 +17,11 @@ computes) the engine is released; the next generation captures again.
 """
 from __future__ import annotations
 
-from tandem.services.actor.worker import ActorWorker
-
 from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.replica import ReplicaRollout
 from tandem.rollout.worker import RolloutWorker
+from tandem.services.actor.worker import ActorWorker
 from tandem.train.phases import StateGroup
 
 

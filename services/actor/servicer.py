@@ -5,10 +5,9 @@ WeightSource that exports on the worker thread and sends from its own threads.
 """
 from __future__ import annotations
 
-from tandem.services.actor.front import ActorFront
-
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
+from tandem.services.actor.front import ActorFront
 from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2

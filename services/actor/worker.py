@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 
 import torch
-from tandem.services.actor.memory import actor_memory
 
 from tandem import checkpoint
 from tandem.algos import metrics as M
@@ -20,6 +19,7 @@ from tandem.models.build import build_gpt_model
 from tandem.models.compile import compile_layers
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
+from tandem.services.actor.memory import actor_memory
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches

@@ -6,12 +6,11 @@ and starts the other ranks.
 """
 from __future__ import annotations
 
+from tandem.models.shape_from_config import model_shape
+from tandem.parallel.layout import ParallelConfig
 from tandem.services.critic.front import CriticFront
 from tandem.services.critic.servicer import SERVICE, CriticServicer
 from tandem.services.critic.worker import CriticWorker
-
-from tandem.models.shape_from_config import model_shape
-from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import load_tokenizer, run_service
 from tandem.serving.role import Built, Role
 

@@ -1,9 +1,8 @@
 """The critic service's API over its rank group (tandem/serving/front.py does the laying out)."""
 from __future__ import annotations
 
-from tandem.services.critic.worker import CriticWorker
-
 from tandem.data.batch import DataProto
+from tandem.services.critic.worker import CriticWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import loss_units

@@ -1,10 +1,9 @@
 """CriticService adapter: decode, validate, call the CriticWorker on its thread, encode."""
 from __future__ import annotations
 
-from tandem.services.critic.front import CriticFront
-
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition
+from tandem.services.critic.front import CriticFront
 from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import common_pb2, critic_pb2

@@ -8,10 +8,9 @@ reward_model.enable the run is served by a rank group like the critic's
 """
 from __future__ import annotations
 
+from tandem.parallel.layout import ParallelConfig
 from tandem.services.reward.scorer import Scorer, text_scorer
 from tandem.services.reward.servicer import SERVICE, RewardServicer
-
-from tandem.parallel.layout import ParallelConfig
 from tandem.serving.process import run_service
 from tandem.serving.role import Built, Role
 

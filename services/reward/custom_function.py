@@ -23,9 +23,9 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 from pebble import ProcessExpired, ProcessPool
-from tandem.services.reward.result import Scored
 
 from tandem.logging import get_logger
+from tandem.services.reward.result import Scored
 
 _log = get_logger("services.reward.custom_function")
 _FUNCTION: Callable | None = None  # in a pool process: the loaded compute_score

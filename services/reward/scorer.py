@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import math
 
-from tandem.services.reward.result import Scored
-from tandem.services.reward.worker import RewardWorker
-
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
+from tandem.services.reward.result import Scored
+from tandem.services.reward.worker import RewardWorker
 
 _log = get_logger("services.reward.scorer")
 TEXT_COLUMNS = ("response_text", "ground_truth", "data_source", "extra_info", "prompt_text")

@@ -2,11 +2,10 @@
 row out, plus the rows that could not be scored (never a made-up score)."""
 from __future__ import annotations
 
-from tandem.services.reward.scorer import Scorer
-
 from tandem.data import codec
 from tandem.data.validate import check_rows, check_same_shape, check_token_range, require_column, require_tensor
 from tandem.rpc.errors import InvalidArgument
+from tandem.services.reward.scorer import Scorer
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import reward_pb2
 

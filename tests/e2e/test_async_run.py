@@ -4,8 +4,9 @@ resume after a stop (the batches in flight at the checkpoint are generated again
 prompts: none is lost or trained twice)."""
 import json
 
-from tandem.controller.data import Cursor
 from test_tandem_run import TINY, run_tandem
+
+from tandem.controller.data import Cursor
 
 ASYNC = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=standalone",
          "trainer.logger=[jsonl,tensorboard]", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]

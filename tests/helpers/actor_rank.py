@@ -125,11 +125,11 @@ def exercise(actor, a, batch, advantages) -> dict:
 
 def main() -> int:
     a = parse_args()
-    from tandem.services.actor.front import ActorFront
-    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
     from tandem.parallel.layout import ParallelConfig, init_distributed
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from tandem.serving.rank_group import RankGroup
 
     cfg = actor_config(a)

@@ -9,6 +9,7 @@ import sys
 import time
 
 import psutil
+
 from tandem.controller.service.client import ControllerClient
 
 

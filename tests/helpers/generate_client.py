@@ -7,10 +7,9 @@ import asyncio
 import json
 import sys
 
+from tandem.config import load_config
 from tandem.controller.clients import RolloutClient
 from tandem.controller.data import collate, load_examples
-
-from tandem.config import load_config
 
 
 async def main(endpoint: str, config_path: str) -> None:

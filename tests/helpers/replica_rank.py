@@ -15,9 +15,6 @@ import torch
 def main() -> int:
     rank, rdzv, out, tok, layout = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
     from actor_rank import fixed_batch
-    from tandem.services.actor import hybrid
-    from tandem.services.actor.front import ActorFront
-    from tandem.services.actor.worker import ActorWorker
     from transformers import AutoTokenizer
 
     from tandem.config import load_config
@@ -28,6 +25,9 @@ def main() -> int:
     from tandem.parallel.layout import ParallelConfig, init_distributed
     from tandem.rollout.replica import ReplicaRollout
     from tandem.rollout.worker import RolloutWorker
+    from tandem.services.actor import hybrid
+    from tandem.services.actor.front import ActorFront
+    from tandem.services.actor.worker import ActorWorker
     from tandem.serving.rank_group import RankGroup
     from tandem.serving.rollout_front import RolloutFront
 

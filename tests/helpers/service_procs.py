@@ -35,12 +35,11 @@ def start_services(base_dir: str, experiment: str, overrides=(),
                    roles=("actor", "reward", "critic", "rollout", "rollout-1")) -> Started:
     """Start `roles` (actor, reward, critic and standalone rollout replicas) under a new run
     directory in `base_dir`; stop them with `stop_services`."""
+    from tandem.config import load_config, to_yaml
     from tandem.controller.launchers import LaunchContext
     from tandem.controller.launchers.commands import service_of
     from tandem.controller.launchers.local import LocalLauncher
     from tandem.controller.run_dir import create_run_dir
-
-    from tandem.config import load_config, to_yaml
 
     cfg = load_config(None, [f"trainer.default_local_dir={base_dir}", f"trainer.experiment_name={experiment}",
                              *SERVICE_OVERRIDES, *overrides])

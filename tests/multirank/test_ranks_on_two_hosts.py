@@ -82,10 +82,9 @@ def hosts():
 
 
 def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
+    from tandem.config import load_config
     from tandem.controller.launchers.commands import service_argv, service_env
     from tandem.controller.run_dir import materialise
-
-    from tandem.config import load_config
 
     spec = tmp_path / "spec"
     spec.mkdir()

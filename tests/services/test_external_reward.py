@@ -12,8 +12,8 @@ import time
 import grpc
 import pytest
 import torch
-from tandem.controller.clients import RewardClient
 
+from tandem.controller.clients import RewardClient
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
 from tandem.v1 import data_pb2, reward_pb2

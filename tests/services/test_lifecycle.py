@@ -12,11 +12,11 @@ import psutil
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rpc_expect import expect_error  # tests/helpers
+
+from tandem.config import load_config, to_yaml
 from tandem.controller.clients import ActorClient, LifecycleClient, RewardClient, RolloutClient
 from tandem.controller.run_dir import create_run_dir
 from tandem.controller.service.pool import ServicePool
-
-from tandem.config import load_config, to_yaml
 from tandem.data.batch import DataProto
 
 FAILED, INVALID = grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT

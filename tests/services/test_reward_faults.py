@@ -10,10 +10,10 @@ import time
 
 import pytest
 from server_process import ROOT, server_process
-from tandem.controller.clients import RewardClient
-from tandem.controller.reward_calls import RewardFailure, score_rows, settle
 
 from tandem.config import load_config
+from tandem.controller.clients import RewardClient
+from tandem.controller.reward_calls import RewardFailure, score_rows, settle
 from tandem.data.batch import DataProto
 
 SERVER = str(ROOT / "tests" / "helpers" / "faulty_reward_server.py")

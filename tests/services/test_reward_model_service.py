@@ -8,9 +8,9 @@ import grpc
 import pytest
 import torch
 from server_process import server_process
-from tandem.controller.clients import RewardClient
 from tiny_hf import tiny_reward_model
 
+from tandem.controller.clients import RewardClient
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import TandemError
 

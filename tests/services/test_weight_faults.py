@@ -112,10 +112,9 @@ def _good(manifest, flat):
 def own_actor(services, tmp_path):
     """await start(name) -> (launcher, endpoint): an actor service of the session's model (one
     rank, standalone mode) in its own process; every one started is stopped at the end."""
+    from tandem.config import load_config, to_yaml
     from tandem.controller.launchers import LaunchContext
     from tandem.controller.launchers.local import LocalLauncher
-
-    from tandem.config import load_config, to_yaml
 
     cfg = load_config(os.path.join(services.run_dir, "config_standalone.yaml"), ["services.actor.world_size=1"])
     path = tmp_path / "actor.yaml"
@@ -133,8 +132,9 @@ def own_actor(services, tmp_path):
 
 
 def test_actor_killed_mid_sync_keeps_old_weights_and_a_new_actor_syncs(services, own_actor, tmp_path):
-    from tandem.controller.clients import ActorClient
     from test_rollout_standalone import sft_batch
+
+    from tandem.controller.clients import ActorClient
 
     async def main():
         rollout = services.client("rollout", REPLICA)

@@ -15,10 +15,9 @@ from weight_plane import export_digest
 @pytest.fixture(scope="module")
 def tp2(services, tmp_path_factory):
     """An actor at TP=2 and a rollout at TP=2 (two ranks each) of the session's model."""
+    from tandem.config import load_config, to_yaml
     from tandem.controller.launchers import LaunchContext
     from tandem.controller.launchers.local import LocalLauncher
-
-    from tandem.config import load_config, to_yaml
 
     out = tmp_path_factory.mktemp("tp2")
     cfg = load_config(os.path.join(services.run_dir, "config_standalone.yaml"), [

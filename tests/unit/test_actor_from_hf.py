@@ -31,10 +31,9 @@ def hf_llama_dir(tmp_path_factory):
 
 
 def test_actor_log_probs_equal_transformers(megatron_dist, hf_llama_dir):
-    from tandem.services.actor.front import ActorFront
-
     from tandem.config import load_config
     from tandem.data.batch import DataProto
+    from tandem.services.actor.front import ActorFront
 
     path, hf_model = hf_llama_dir
     cfg = load_config(None, [f"actor_rollout_ref.model.path={path}"])

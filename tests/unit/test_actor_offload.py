@@ -20,11 +20,10 @@ OFFLOAD_ALL = ["actor_rollout_ref.actor.megatron.param_offload=true",
 
 def make_actor(tokenizer, *extra):
     """(ActorFront over one rank, the colocated rollout target) as services/actor/__main__.py builds them."""
-    from tandem.services.actor import hybrid
-    from tandem.services.actor.front import ActorFront
-
     from tandem.config import load_config
     from tandem.parallel import device
+    from tandem.services.actor import hybrid
+    from tandem.services.actor.front import ActorFront
 
     cfg = load_config(None, [
         f"actor_rollout_ref.model.tokenizer_path={tokenizer.name_or_path}",
@@ -151,10 +150,9 @@ def test_a_checkpoint_crosses_between_offload_on_and_off(megatron_dist, arithmet
 
 
 def test_critic_offload_leaves_the_gpu_after_each_call_and_trains_the_same(megatron_dist, arithmetic_tokenizer):
-    from tandem.services.critic.worker import CriticWorker
-
     from tandem.config import load_config
     from tandem.parallel import device
+    from tandem.services.critic.worker import CriticWorker
 
     def critic(*extra):
         cfg = load_config(None, [f"actor_rollout_ref.model.tokenizer_path={arithmetic_tokenizer.name_or_path}",

@@ -13,9 +13,8 @@ N = 2
 
 def make_worker(tokenizer, *extra):
     """The actor's front door over a one-rank group (the service's own code path)."""
-    from tandem.services.actor.front import ActorFront
-
     from tandem.config import load_config
+    from tandem.services.actor.front import ActorFront
 
     cfg = load_config(None, [
         f"actor_rollout_ref.model.tokenizer_path={tokenizer.name_or_path}",

@@ -28,9 +28,8 @@ def test_written_dataset_is_disjoint_and_in_the_asked_format(tmp_path):
 
 
 def test_a_run_writes_the_configured_format(tmp_path):
-    from tandem.controller.run_dir import create_run_dir
-
     from tandem.config import load_config
+    from tandem.controller.run_dir import create_run_dir
 
     for fixed, padded in ((None, True), ("false", False)):  # the default is fixed width
         keys = [f"trainer.default_local_dir={tmp_path / str(fixed)}", "data.builtin_train_size=20",

@@ -1,9 +1,9 @@
 """async_training's keys: each bad value is a ConfigError naming its key; a colocated rollout
 stays synchronous; one_step_off's fixed bounds."""
 import pytest
-from tandem.controller.async_train import bounds_of
 
 from tandem.config import ConfigError, load_config
+from tandem.controller.async_train import bounds_of
 
 STANDALONE = "actor_rollout_ref.rollout.mode=standalone"
 

@@ -4,9 +4,9 @@ too stale, a weight sync never overlaps an update, and staleness 0 is the synchr
 import asyncio
 
 import pytest
-from tandem.controller.async_loop import AsyncLoop, Bounds
 
 from tandem.algos import metrics as M
+from tandem.controller.async_loop import AsyncLoop, Bounds
 
 STEPS = 12
 

@@ -12,6 +12,7 @@ import pathlib
 
 import pytest
 import yaml
+
 from tandem.controller.launchers import commands, compose_file
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema validates the compose file (pip install jsonschema)")

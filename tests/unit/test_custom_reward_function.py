@@ -6,6 +6,7 @@ import math
 import pathlib
 
 import pytest
+
 from tandem.services.reward.custom_function import CustomRewardFunction
 
 FN = str(pathlib.Path(__file__).resolve().parents[1] / "helpers" / "verl_reward_fn.py")

@@ -7,10 +7,10 @@ import json
 import pytest
 import torch
 from structlog.testing import capture_logs
-from tandem.controller.dapo import collect_varied_groups
-from tandem.controller.data import Cursor, collate, load_examples
 
 from tandem.config import load_config
+from tandem.controller.dapo import collect_varied_groups
+from tandem.controller.data import Cursor, collate, load_examples
 from tandem.data.batch import DataProto
 from tandem.rollout.outputs import concat_generations
 from tandem.tasks.arithmetic import build_tokenizer

@@ -82,9 +82,8 @@ def test_chunked_generation_equals_one_block(model):
 
 @pytest.fixture(scope="module")
 def actor(megatron_dist, arithmetic_tokenizer):
-    from tandem.services.actor.worker import ActorWorker
-
     from tandem.config import load_config
+    from tandem.services.actor.worker import ActorWorker
 
     cfg = load_config(None, [
         f"actor_rollout_ref.model.tokenizer_path={arithmetic_tokenizer.name_or_path}",

@@ -1,10 +1,10 @@
 """tandem/tasks/gsm8k_format.py: the built-in task in verl's gsm8k schema and answer format."""
 import pyarrow.parquet as pq
+from transformers import AutoTokenizer
+
 from tandem.controller.data import load_examples
 from tandem.services.reward.registry import rule_for_data_source
 from tandem.services.reward.rules.gsm8k import score_gsm8k
-from transformers import AutoTokenizer
-
 from tandem.tasks.gsm8k_format import write_gsm8k_format
 
 

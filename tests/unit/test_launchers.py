@@ -11,12 +11,12 @@ from concurrent import futures
 import grpc
 import pytest
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tandem.controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, get_launcher
-from tandem.controller.launchers.compose import ComposeLauncher, compose_address
-from tandem.controller.launchers.ray import placement
 
 from tandem.config import ConfigError, load_config
 from tandem.config.checks import placement as placement_checks
+from tandem.controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, get_launcher
+from tandem.controller.launchers.compose import ComposeLauncher, compose_address
+from tandem.controller.launchers.ray import placement
 from tandem.logging import get_logger
 from tandem.rpc import healthcheck
 

@@ -35,8 +35,9 @@ def _tandem_layout(rows, prompt_lens, pad):
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_scores_match_transformers(megatron_dist, tmp_path, family):
-    from tandem.services.reward.model import RewardModelWorker
     from transformers import AutoModelForSequenceClassification
+
+    from tandem.services.reward.model import RewardModelWorker
 
     path = tiny_reward_model(tmp_path / family, family)
     hf = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")

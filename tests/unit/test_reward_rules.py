@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from tandem.services.reward import registry
 from tandem.services.reward.registry import (
     REWARD_RULES,

@@ -4,10 +4,10 @@ The restart policy (`recover`) on records left running."""
 import time
 
 import pytest
-from tandem.controller.service.queue import recover
-from tandem.controller.service.records import Records, RunRecord
 
 from tandem.config import load_config, to_yaml
+from tandem.controller.service.queue import recover
+from tandem.controller.service.records import Records, RunRecord
 
 
 def record(run_id: str, created: float, **overrides) -> RunRecord:

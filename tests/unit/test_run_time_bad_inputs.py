@@ -81,10 +81,9 @@ def test_a_checkpoint_that_cannot_be_resharded_names_the_tensor(megatron_dist, t
 
 
 def _step_context(estimator: str):
-    from tandem.controller.step import StepContext
-
     from tandem.algos.kl import get_kl_controller
     from tandem.config import load_config
+    from tandem.controller.step import StepContext
 
     cfg = load_config(None, [f"algorithm.adv_estimator={estimator}", "actor_rollout_ref.rollout.n=2"])
     return StepContext(roles=None, cfg=cfg, tokenizer=None, kl_ctrl=get_kl_controller("fixed", 0.0, 0.1, 100))
@@ -126,9 +125,8 @@ def test_a_prompt_that_tokenizes_to_nothing_is_skipped_and_counted(tmp_path, ari
 
 def test_run_counts_skipped_rows_in_its_summary(tmp_path, arithmetic_tokenizer):
     """The count reaches summary.json (a Run opened on data with an empty prompt; no services)."""
-    from tandem.controller.run import Run
-
     from tandem.config import load_config
+    from tandem.controller.run import Run
 
     tok_dir = tmp_path / "tok"
     arithmetic_tokenizer.save_pretrained(tok_dir)

@@ -7,10 +7,10 @@ tests/unit/test_actor_worker.py and end to end in tests/e2e/test_tandem_run.py).
 import asyncio
 
 import pytest
-from tandem.controller.data import Example
-from tandem.controller.sft import BUILTIN_STOP_AT_ACCURACY, resolve_stop, run_sft, split_dev
 
 from tandem.config import ConfigError, SftConfig, load_config
+from tandem.controller.data import Example
+from tandem.controller.sft import BUILTIN_STOP_AT_ACCURACY, resolve_stop, run_sft, split_dev
 
 
 def examples(n: int) -> list[Example]:

@@ -7,6 +7,7 @@ import math
 import os
 
 import pytest
+
 from tandem.controller.plot import plot_run
 from tandem.controller.tracking import Tracking
 

@@ -2,6 +2,7 @@
 and metric names, worked by hand on tiny inputs."""
 import numpy as np
 import pytest
+
 from tandem.controller.validation import (
     _bootstrap_stats,
     bootstrap_metric,

@@ -7,13 +7,13 @@ import time
 
 import grpc
 import pytest
+from test_server_errors import running
+
 from tandem.controller.service.client import event_dict
 from tandem.controller.service.pool import ServicePool
 from tandem.controller.service.queue import RunQueue
 from tandem.controller.service.records import Records, RunRecord
 from tandem.controller.service.servicer import SERVICE, ControllerServicer
-from test_server_errors import running
-
 from tandem.v1 import controller_pb2, controller_pb2_grpc
 
 

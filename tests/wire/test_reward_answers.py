@@ -6,10 +6,10 @@ import asyncio
 
 import grpc
 import pytest
-from tandem.controller.clients import RewardClient
-from tandem.controller.reward_calls import RewardFailure, score_rows, settle
 
 from tandem.config import load_config
+from tandem.controller.clients import RewardClient
+from tandem.controller.reward_calls import RewardFailure, score_rows, settle
 from tandem.data.batch import DataProto
 from tandem.v1 import reward_pb2, reward_pb2_grpc
 
