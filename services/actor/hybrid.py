@@ -14,8 +14,16 @@ engine's CUDA graphs) is freed when the next non-generation call starts, and all
 the next generation. The engine's CUDA graphs point at the policy's parameter storage, so before
 the policy's parameters move to host memory (actor.megatron.param_offload, while the reference
 computes) the engine is released; the next generation captures again.
+
+CPU threads: generations run at services.actor.generation_torch_threads when it is set (decode's
+small matmuls can be faster on fewer threads than the update's large ones), the rest of the actor
+at services.actor.torch_threads.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
 
 from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
@@ -31,6 +39,7 @@ class ColocatedRollout:
     def __init__(self, actor: ActorWorker, engine: RolloutWorker | ReplicaRollout, free_cache_engine: bool):
         self.actor = actor
         self.engine = engine
+        self.threads = actor.cfg.services.actor.generation_torch_threads  # None: the actor's own
         self.every_rank = getattr(engine, "every_rank", False)  # read by RolloutFront
         cache = actor.memory.groups.get("kv_cache") or actor.memory.add(
             StateGroup("kv_cache", free_cache_engine, move_out=lambda: None, move_in=lambda: None))
@@ -39,8 +48,22 @@ class ColocatedRollout:
             actor.memory.groups["policy"].before_out.append(engine.release)
 
     def generate_sequences(self, batch: DataProto | None, params: SamplingParams) -> DataProto | None:
-        with self.actor.memory.phase("generate"):
+        with self.actor.memory.phase("generate"), torch_threads(self.threads):
             return self.engine.generate_sequences(batch, params)
+
+
+@contextmanager
+def torch_threads(n: int | None):
+    """torch's intra-op threads at `n` on this thread while active (None: unchanged)."""
+    before = torch.get_num_threads()
+    if n is None or n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int, free_cache_engine: bool,

@@ -346,8 +346,15 @@ class ServiceEndpoint:
 
 
 @dataclass
+class ActorEndpoint(ServiceEndpoint):
+    # Tandem's: CPU threads of the colocated rollout's generations (None: torch_threads). Decode's
+    # small matmuls can run faster on fewer threads than the update's (issue 22)
+    generation_torch_threads: Optional[int] = None
+
+
+@dataclass
 class ServicesConfig:
-    actor: ServiceEndpoint = field(default_factory=lambda: ServiceEndpoint(torch_threads=2))
+    actor: ActorEndpoint = field(default_factory=lambda: ActorEndpoint(torch_threads=2))
     rollout: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)

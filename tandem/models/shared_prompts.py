@@ -14,6 +14,11 @@ row's outputs are then the same functions of the same inputs as in its own row; 
 through the prompt are summed over the samples inside autograd instead of outside, so
 results equal the plain layout up to float rounding (not bit-equal).
 
+A response's last token is left out: its output would predict the token after the row, and no
+other token attends to it (it is the last of its segment), so it adds nothing to any output the
+readers take (those that predict response tokens) nor to any gradient (a row of n-token
+responses packs n-1 of them). Reading it (`index_valid` without `predicts`) raises.
+
 Deliberately not here: the plain layout and the readers (`PackedOutput`), which work on this
 packing unchanged through `index_valid`.
 """
@@ -38,7 +43,7 @@ class SharedPromptPacking(Packing):
         b, t = valid.shape
         pw = t - response_width
         plen = (pw - self.first).clamp(min=0)  # each row's real prompt tokens
-        rlen = self.lengths - plen
+        rlen = (self.lengths - plen - 1).clamp(min=0)  # its response tokens packed: all but the last
         prompt = torch.where(valid[:, :pw], input_ids.cpu()[:, :pw], -1)  # equal rows: the same prompt
         new = torch.ones(b, dtype=torch.bool)  # the row starts a group (and packs the prompt)
         new[1:] = (prompt[1:] != prompt[:-1]).any(1)
@@ -49,6 +54,7 @@ class SharedPromptPacking(Packing):
         self.prompt_offset = start[leader][group]
         self.response_offset = start + plen * new
         self.prompt_lengths = plen
+        self.packed_lengths = plen + rlen  # the row's first tokens that are packed (the rest: its last)
         self.groups = len(leader)
         segment = torch.arange(b) - leader[group] + 1  # k: the group's k-th response
         real = int(count.sum())
@@ -77,6 +83,9 @@ class SharedPromptPacking(Packing):
     def index_valid(self, first: int, width: int, predicts: bool = False):
         pos = torch.arange(first, first + width)[None] - self.first[:, None]
         valid = (pos >= 0) & (pos < self.lengths[:, None] - int(predicts))
+        if bool((valid & (pos >= self.packed_lengths[:, None])).any()):
+            raise ValueError("SharedPromptPacking leaves each response's last token out (its output predicts "
+                             "nothing); this read needs it")
         pos = torch.where(valid, pos, 0)
         plen = self.prompt_lengths[:, None]
         idx = torch.where(pos < plen, self.prompt_offset[:, None] + pos, self.response_offset[:, None] + pos - plen)

@@ -34,17 +34,22 @@ def test_layout():
     mb = grouped_batch()
     p = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], RW, multiple=4)
     plain = Packing(mb["attention_mask"])
-    assert p.groups == 5 and p.total - p.filler == 5 + 2 + 3 + 3 + 3 + 20 == plain.total - 5 * 2 - 2  # group 0 saves 2 prompts of 5, group 1 one of 2
+    # group 0 saves 2 prompts of 5, group 1 one of 2; each of the 8 responses leaves its last token out
+    assert p.groups == 5 and p.total - p.filler == 5 + 2 + 3 + 3 + 3 + (20 - 8) == plain.total - 5 * 2 - 2 - 8
     assert p.total % 4 == 0
-    # group 0: prompt (5) then its three responses (4, 1, 3), positions restart at the prompt's end
-    assert p.positions[:13].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 8, 5, 5, 6, 7]
-    assert p.segments[:13].tolist() == [0] * 5 + [1] * 4 + [2] + [3] * 3
+    # group 0: prompt (5) then its three responses (4, 1, 3) less their last tokens, positions
+    # restart at the prompt's end
+    assert p.positions[:10].tolist() == [0, 1, 2, 3, 4, 5, 6, 7, 5, 6]
+    assert p.segments[:10].tolist() == [0] * 5 + [1] * 3 + [3] * 2
     packed = p.pack(mb["input_ids"])[0]
-    for i in range(len(ROWS)):  # every row's real tokens, read back through index_valid
-        idx, valid = p.index_valid(0, PW + RW)
+    idx, valid = p.index_valid(0, PW + RW, predicts=True)  # every token but each row's last
+    for i in range(len(ROWS)):
         real = mb["attention_mask"][i].bool()
-        assert valid[i].tolist() == real.tolist()
-        assert packed[idx[i][real]].tolist() == mb["input_ids"][i][real].tolist()
+        last = int(real.nonzero().max())
+        assert valid[i].tolist() == [bool(r) and j != last for j, r in enumerate(real.tolist())]
+        assert packed[idx[i][valid[i]]].tolist() == mb["input_ids"][i][valid[i]].tolist()
+    with pytest.raises(ValueError, match="last token"):  # a read of what was left out
+        p.index_valid(0, PW + RW)
 
 
 def _run(model, mb, packing):  # noqa: F811
@@ -82,14 +87,17 @@ def test_same_log_probs_loss_and_gradients(model, multiple):  # noqa: F811
 
 
 def test_prompts_of_other_rows_stay_out_of_attention(model):  # noqa: F811
-    """A response's outputs do not change when another sample of its group changes."""
+    """A response's outputs do not change when another sample of its group changes, and a
+    response's last token (left out) changes none."""
     mb = grouped_batch()
     shared = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], RW)
-    other = grouped_batch()
-    other["input_ids"][1, PW] = (other["input_ids"][1, PW] + 1) % VOCAB  # row 1's response, group 0
+    other, last = grouped_batch(), grouped_batch()
+    other["input_ids"][2, PW] = (other["input_ids"][2, PW] + 1) % VOCAB  # row 2's first response token, group 0
+    last["input_ids"][1, PW] = (last["input_ids"][1, PW] + 1) % VOCAB  # row 1's only (last) response token
     dev = torch.device("cpu")
     with torch.no_grad(), packed_rope(model, shared, dev):
-        a, b = (model(shared.pack(x["input_ids"]), None, None, packed_seq_params=shared.params(dev))
-                for x in (mb, other))
+        a, b, c = (model(shared.pack(x["input_ids"]), None, None, packed_seq_params=shared.params(dev))
+                   for x in (mb, other, last))
     changed = (a - b).abs().amax(-1)[0] > 0
-    assert changed.nonzero().squeeze(1).tolist() == [9]  # row 1's single response token only
+    assert changed.nonzero().squeeze(1).tolist() == [8, 9]  # row 2's two packed response tokens only
+    assert torch.equal(a, c)
