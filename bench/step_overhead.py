@@ -23,7 +23,7 @@ sender, FromString + decode_batch on the receiver (both sides of each wire cross
 the services' side happens in their process, so it is re-timed here, median of 5).
 
     python bench/step_overhead.py [--blocks 5] [--steps 4] [--on-loop] [key=value ...]
-    python bench/step_overhead.py --small --pure --no-inproc [--baseline-tree DIR]
+    python bench/step_overhead.py --small --pure --no-inproc [--baseline-tree DIR [--baseline-drop KEY]...]
 
 --small: issue 22's configuration (bench/small_step.py): a 2.9M-parameter Llama built here as
 a Hugging Face checkpoint with the built-in tokenizer's vocabulary, 16 prompts x 8 samples of
@@ -107,7 +107,8 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # keys older trees may not have, with the value that is their behaviour: the unpadded task older
 # trees write; every row with its own prompt
-OLD_BEHAVIOUR = {"data.builtin_fixed_width": "false", "actor_rollout_ref.actor.share_prompts": None}
+OLD_BEHAVIOUR = {"data.builtin_fixed_width": "false", "actor_rollout_ref.actor.share_prompts": None,
+                 "services.actor.generation_torch_threads": None}
 
 
 def known_to(tree: str, overrides: list[str]) -> list[str]:
@@ -133,7 +134,8 @@ async def measure(cfg, run_dir, a, overrides: list[str], hf_path: str | None) ->
     modes["grpc"].start()
     await asyncio.sleep(0)  # start() spawns the services before its first wait
     if a.baseline_tree:
-        modes["baseline"] = BaselineMode(a.baseline_tree, [*known_to(a.baseline_tree, overrides),
+        kept = [o for o in overrides if o.partition("=")[0] not in a.baseline_drop]  # its defaults for those
+        modes["baseline"] = BaselineMode(a.baseline_tree, [*known_to(a.baseline_tree, kept),
                                                            "trainer.experiment_name=baseline"], count)
     recorder = CodecRecorder()
     try:
@@ -273,7 +275,8 @@ def report(res: dict, cfg, overrides: list[str], a, argv: list[str], started: st
         f"- design: {a.blocks} blocks x {a.steps} steps per mode, alternating, 1 untimed warm-up step each; "
         f"same prompts, seeds and initial weights in every mode; in-process workers run "
         f"{'on the event loop thread (--on-loop)' if a.on_loop else 'on a WorkerThread, as in the services'}"
-        + (f"; baseline tree {a.baseline_tree}" if a.baseline_tree else ""),
+        + (f"; baseline tree {a.baseline_tree}" if a.baseline_tree else "")
+        + (f" at its defaults for {', '.join(a.baseline_drop)}" if a.baseline_tree and a.baseline_drop else ""),
         "",
         *_table(res, a.steps),
         "",
@@ -293,6 +296,8 @@ def main(argv=None) -> int:
     p.add_argument("--pure", action="store_true", help="also time the update's pure compute (plain torch)")
     p.add_argument("--no-inproc", action="store_true", help="leave the in-process mode out")
     p.add_argument("--baseline-tree", help="also run the gRPC steps with this checkout's code (before / after)")
+    p.add_argument("--baseline-drop", action="append", default=[], metavar="KEY",
+                   help="leave this override key out of the baseline's run (its default there); repeatable")
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value")
     a = p.parse_args(argv)
     started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
