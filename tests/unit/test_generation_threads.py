@@ -31,7 +31,7 @@ def test_default_is_the_actors_own_count():
 
 @pytest.mark.parametrize("setting,during", [(None, 2), (1, 1), (3, 3)])
 def test_generation_runs_at_its_threads_and_restores_the_actors(megatron_dist, arithmetic_tokenizer, setting, during):
-    front, rollout = make_actor(arithmetic_tokenizer, *([] if setting is None else [f"{KEY}={setting}"]))
+    _, rollout = make_actor(arithmetic_tokenizer, *([] if setting is None else [f"{KEY}={setting}"]))
     seen, generate = [], rollout.engine.generate_sequences
 
     def recording(*args, **kwargs):
