@@ -95,6 +95,9 @@ class ActorConfig:
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
     # passes (tandem/models/shared_prompts.py); same results up to float rounding
     share_prompts: bool = False
+    # Tandem's: build each micro-batch's packing just before its forward, overlapping the GPU's
+    # work on the previous one, instead of all of a call's up front (tandem/train/schedule.py)
+    overlap_host_work: bool = False
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
