@@ -356,6 +356,9 @@ class ServicesConfig:
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     startup_timeout_s: float = 180.0
     rpc_timeout_s: float = 600.0
+    # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
+    # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
+    compile_cache_dir: str | None = None
 
 
 ASYNC_MODES = ("sync", "one_step_off", "fully_async")  # async_training.mode (controller/async_loop.py)
