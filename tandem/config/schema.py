@@ -289,7 +289,7 @@ class TrainerConfig:
     total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
     critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
     # Tandem's: old / reference log-probs and values start when the rows are generated, while they
-    # are scored (controller/step.py EarlyLogProbs); ignored with DAPO's dynamic sampling
+    # are scored (controller/step.py EarlyLogProbs); ignored with DAPO's dynamic sampling and async_training
     log_probs_with_scoring: bool = False
     log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
