@@ -20,8 +20,8 @@ metrics.jsonl gives verl's timing_s/* per phase and perf/throughput (tokens/s/GP
 model's GEMM shapes and the device copy rate (bench/e2e_roofline.py), from which each step's
 roofline: training and log-prob FLOPs at the matmul rate, generation's bytes at the copy rate.
 
---compare KEY=VALUE (repeatable, one variant each) runs the baseline and every variant in
-alternation, --repeats times, and prints each variant's step and phase times over the
+--compare KEY=VALUE (repeatable, one variant each; `K1=V1,K2=V2`: one variant of several keys) runs
+the baseline and every variant in alternation, --repeats times, and prints each variant's step and phase times over the
 baseline's: a before / after in one call. A failed run is reported and the others go on.
 Results are printed as they come and appended to --out/results.md (and results.jsonl).
 """
@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import random
+import re
 import shutil
 import statistics
 import subprocess
@@ -45,6 +46,12 @@ import e2e_roofline as roof  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # verl's timing_s/* (controller/step.py)
+
+
+def variant_keys(text: str) -> list[str]:
+    """One --compare value -> its overrides: `K1=V1,K2=V2` is several keys (a comma starts a new one
+    only before `dotted.key=`, so list values such as `[console,jsonl]` stay whole)."""
+    return [kv for kv in re.split(r",(?=[A-Za-z_][\w.]*=)", text) if kv]
 
 
 def shape_of(name: str) -> dict:
@@ -228,7 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-max", type=int, default=256)
     p.add_argument("--mini-batch", type=int, default=16, help="ppo_mini_batch_size in prompts (0: all)")
     p.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch (update and log-probs)")
-    p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE", help="a variant (repeatable)")
+    p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
+                   help="a variant (repeatable); several keys in one variant separated by commas")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration, alternating")
     p.add_argument("--run-timeout", type=float, default=1800)
     p.add_argument("--out", required=True)
@@ -264,7 +272,7 @@ def main(argv=None) -> int:
     with open(results, "a") as f:
         f.write("\n".join(header) + "\n")
     ckpt, train, val = build_inputs(a, a.out)
-    configs = [("baseline", [])] + [(f"variant{i + 1}", [kv]) for i, kv in enumerate(a.compare)]
+    configs = [("baseline", [])] + [(f"variant{i + 1}", variant_keys(kv)) for i, kv in enumerate(a.compare)]
     done: dict[str, list] = {}
     for rep in range(a.repeats):
         for name, extra in configs:

@@ -126,12 +126,19 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     (DAPO dynamic sampling may take several batches in one step)."""
     metrics: dict[str, float] = {}
     t_step = time.perf_counter()
-    gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics)
+    on = ctx.cfg.trainer.log_probs_with_scoring and not ctx.cfg.algorithm.filter_groups.enable
+    early = EarlyLogProbs(ctx, step, metrics) if on else None
+    try:
+        gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics, early)
+    except BaseException:
+        early and early.task and early.task.cancel()  # the step fails: its log-probs are not waited for
+        raise
     metrics.update(sampling_metrics)
+    lp = await early.result(gen) if early is not None else None
     if nothing_to_train(gen, step, metrics):
         metrics[M.TIMING_STEP] = time.perf_counter() - t_step
         return metrics
-    version = await train_on(ctx, gen, step, metrics)
+    version = await train_on(ctx, gen, step, metrics, early=lp)
     if ctx.roles.standalone_rollout and version is not None:  # colocated: the rollout uses the actor's weights
         with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
             metrics.update(await ctx.roles.sync_rollout(version))
@@ -149,15 +156,19 @@ def nothing_to_train(gen: DataProto, step: int, metrics: dict[str, float]) -> bo
 
 
 async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
-                   update_guard: AbstractAsyncContextManager | None = None) -> int | None:
+                   update_guard: AbstractAsyncContextManager | None = None,
+                   early: tuple[LogProbs, bool] | None = None) -> int | None:
     """Phases 2-4 on a scored batch with rows, its metrics added to `metrics` -> the actor's weights
     version after its update (None: the actor did not update, trainer.critic_warmup). `update_guard`
-    is held around the update (the asynchronous loop keeps weight syncs out of it)."""
+    is held around the update (the asynchronous loop keeps weight syncs out of it). `early`: phase
+    2's results (and whether the update is on-policy), computed while the batch was scored."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
-    # on-policy: the update's own forward gives the old log-probs (not while the critic warms up)
-    on_policy = ctx.on_policy_update(len(seq)) and step > ctx.cfg.trainer.critic_warmup
-    lp = await log_probs_and_values(ctx, seq, metrics, old=not on_policy)
+    if early is None:
+        on_policy = on_policy_step(ctx, len(seq), step)
+        lp = await log_probs_and_values(ctx, seq, metrics, old=not on_policy)
+    else:
+        lp, on_policy = early
     with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
@@ -172,22 +183,56 @@ async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[st
     return version
 
 
+def on_policy_step(ctx: StepContext, rows: int, step: int) -> bool:
+    """Whether the update's own forward gives the old log-probs (not while the critic warms up)."""
+    return ctx.on_policy_update(rows) and step > ctx.cfg.trainer.critic_warmup
+
+
+class EarlyLogProbs:
+    """trainer.log_probs_with_scoring: phase 2 starts when the rows are generated, while they are
+    scored (it does not need the scores); rows scoring drops (reward_model.on_failure=drop) leave
+    its results too. Not with DAPO's dynamic sampling (its rows are known after several rounds)."""
+
+    ROW = "__generated_row__"  # each generated row's number, through scoring's row selection
+
+    def __init__(self, ctx: StepContext, step: int, metrics: dict[str, float]):
+        self.ctx, self.step, self.metrics = ctx, step, metrics
+        self.task: asyncio.Task | None = None
+        self.on_policy, self.generated = False, 0
+
+    def start(self, gen: DataProto) -> None:
+        self.on_policy = on_policy_step(self.ctx, len(gen), self.step)  # fewer rows later: still on-policy
+        self.task = asyncio.ensure_future(log_probs_and_values(self.ctx, sequences(gen, self.ctx.cfg), self.metrics,
+                                                               old=not self.on_policy))
+        self.generated = len(gen)
+        gen.tensors[self.ROW] = torch.arange(len(gen))
+
+    async def result(self, gen: DataProto) -> tuple[LogProbs, bool]:
+        """Phase 2's results for the rows of `gen` that scoring kept (and `gen` without the row numbers)."""
+        lp, rows = await self.task, gen.tensors.pop(self.ROW)
+        if len(rows) != self.generated:  # scoring dropped rows (keeping the others' order)
+            lp = LogProbs(*(None if x is None else x.index(rows) for x in (lp.old, lp.ref, lp.values)))
+        return lp, self.on_policy
+
+
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
 
-async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int,
-                            timings: dict | None = None) -> tuple[DataProto, dict[str, float]]:
+async def rollout_and_score(ctx: StepContext, prompts: Prompts, step: int, timings: dict | None = None,
+                            early: EarlyLogProbs | None = None) -> tuple[DataProto, dict[str, float]]:
     """The step's scored generations, and DAPO's counts when dynamic sampling is on (`timings`
-    gets timing_s/gen and timing_s/reward, summed over DAPO's rounds)."""
+    gets timing_s/gen and timing_s/reward, summed over DAPO's rounds). `early`: started on the
+    generated rows before they are scored."""
     cfg, timings = ctx.cfg, {} if timings is None else timings
     seed = cfg.trainer.seed * 1_000_003 + step
     if cfg.algorithm.filter_groups.enable:
         return await collect_varied_groups(lambda batch, i: generate_and_score(ctx, batch, seed + 7919 * i, timings),
                                            prompts, cfg, ctx.tokenizer.pad_token_id)
     batch = prompts(cfg.data.train_batch_size) if callable(prompts) else prompts
-    return await generate_and_score(ctx, batch, seed, timings), {}
+    return await generate_and_score(ctx, batch, seed, timings, early), {}
 
 
-async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, timings: dict | None = None) -> DataProto:
+async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, timings: dict | None = None,
+                             early: EarlyLogProbs | None = None) -> DataProto:
     """n samples per prompt (rows prompt-major), scored. Adds per-row tensors `acc` (the
     verifier's score), `seq_reward` (acc + overlong penalty) and, for ReMax,
     `reward_baselines` (the shaped score of a greedy response to the same prompt). Rows that
@@ -199,6 +244,8 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, ti
         gen = await roles.rollout.generate_sequences(
             prompts, max_new_tokens=max_new, n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
             seed=seed)
+    if early is not None:
+        early.start(gen)
 
     async def greedy_baseline() -> tuple[RowScores, torch.Tensor]:
         base = await roles.rollout.generate_sequences(prompts, max_new_tokens=max_new, n=1, greedy=True)

@@ -25,6 +25,7 @@ from tandem.controller.launchers import commands
 
 SPEC_DIR = "/runs/spec"  # on the shared volume: the config every container starts from
 SPEC_CONFIG = f"{SPEC_DIR}/config.yaml"
+COMPILE_CACHE = "/compile-cache"  # the `compile-cache` volume: torch.compile's caches outlive the containers
 RUN_ID = "compose"
 IMAGES = {"gpu": "tandem:gpu", "cpu": "tandem:cpu"}
 MODEL_ROLES = {"actor": "", "rollout": "-ppo", "critic": "-ppo"}  # role -> profile suffix
@@ -40,7 +41,8 @@ HEADER = """\
 # Add --profile cpu-ppo (gpu-ppo) for the critic and the standalone rollout; settings go through
 #   TANDEM_OVERRIDES="trainer.total_training_steps=20 data.train_batch_size=64" docker compose ... up -d
 #
-# Run directories and checkpoints are on the `runs` volume (/runs in every container).
+# Run directories and checkpoints are on the `runs` volume (/runs in every container); torch.compile's
+# caches on the `compile-cache` volume (services.compile_cache_dir=/compile-cache): later runs start warm.
 """
 
 
@@ -54,7 +56,7 @@ def _service(role: str, device: str) -> dict:
         "image": IMAGES[device],
         "command": _python(commands.service_argv(role, SPEC_CONFIG, host="0.0.0.0", port=port, run_id=RUN_ID)),
         "environment": dict(commands.service_env()),
-        "volumes": ["runs:/runs"],
+        "volumes": ["runs:/runs", *([f"compile-cache:{COMPILE_CACHE}"] if role in MODEL_ROLES else [])],
         "depends_on": {"prepare": {"condition": "service_completed_successfully"}},
         "healthcheck": {"test": ["CMD", "python", "-m", "tandem.rpc.healthcheck", f"127.0.0.1:{port}"],
                         "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "600s"},
@@ -72,7 +74,8 @@ def compose() -> dict:
     shared = ["gpu", "cpu"]  # profiles of the containers that need no GPU
     prepare = _python(commands.prepare_argv(SPEC_DIR)) + [
         "${TANDEM_CONFIG_FILE:-deploy/configs/arithmetic_grpo.yaml}",
-        "trainer.launcher=compose", "trainer.default_local_dir=/runs", "services.startup_timeout_s=900"]
+        "trainer.launcher=compose", "trainer.default_local_dir=/runs", "services.startup_timeout_s=900",
+        f"services.compile_cache_dir={COMPILE_CACHE}"]
     services: dict = {
         "prepare": {"image": IMAGES["cpu"], "profiles": shared, "command": prepare,
                     "environment": {**commands.service_env(), "TANDEM_OVERRIDES": "${TANDEM_OVERRIDES:-}"},
@@ -95,7 +98,7 @@ def compose() -> dict:
     for device in ("gpu", "cpu"):  # how compose builds each image (the first service naming it)
         first = next(s for s in services.values() if s["image"] == IMAGES[device])
         first["build"] = {"context": "..", "dockerfile": f"deploy/docker/Dockerfile.{device}"}
-    return {"name": "tandem", "services": services, "volumes": {"runs": {}}}
+    return {"name": "tandem", "services": services, "volumes": {"runs": {}, "compile-cache": {}}}
 
 
 class _Dumper(yaml.SafeDumper):

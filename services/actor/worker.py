@@ -25,8 +25,8 @@ from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
-from tandem.train.schedule import reads_responses_only, run_schedule, shares_prompts
-from tandem.train.step import train_steps
+from tandem.train.schedule import overlaps_host_work, reads_responses_only, run_schedule, shares_prompts
+from tandem.train.step import on_host, train_steps
 
 
 class ActorWorker:
@@ -84,15 +84,15 @@ class ActorWorker:
             return output.new_zeros(()), 0, out
 
         shares_prompts(loss_fn, self.share_prompts)
+        overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
         results = []
         for shard in shards:
-            if shard is None:
-                results.append(None)
-                continue
-            outs = run_schedule(model, micro_batches(shard, micro_rows), loss_fn, forward_only=True)
-            results.append(DataProto(tensors={k: torch.cat([o[k] for o in outs]).cpu() for k in outs[0]
-                                              if k != "units"}) if outs else None)
-        return results
+            outs = [] if shard is None else run_schedule(model, micro_batches(shard, micro_rows), loss_fn,
+                                                         forward_only=True)
+            results.append({k: torch.cat([o[k] for o in outs]) for k in outs[0] if k != "units"} if outs else None)
+            if not self.actor_cfg.overlap_host_work:  # read back per shard (waits for its last micro-batch)
+                results[-1] = on_host(results[-1])
+        return [on_host(r) for r in results]  # overlap_host_work: one wait per call, not per mini-batch shard
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:
@@ -101,6 +101,7 @@ class ActorWorker:
         loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
                                     on_policy=on_policy)
         shares_prompts(loss_fn, self.share_prompts)
+        overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
         with self.memory.phase("train"):
             out = self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
             out["steps"].update(memory_metrics("actor"))  # the step's peaks in this process (colocated: all phases)

@@ -95,6 +95,9 @@ class ActorConfig:
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
     # passes (tandem/models/shared_prompts.py); same results up to float rounding
     share_prompts: bool = False
+    # Tandem's: build each micro-batch's packing just before its forward, overlapping the GPU's
+    # work on the previous one, instead of all of a call's up front (tandem/train/schedule.py)
+    overlap_host_work: bool = False
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -285,6 +288,9 @@ class TrainerConfig:
     total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
     total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
     critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
+    # Tandem's: old / reference log-probs and values start when the rows are generated, while they
+    # are scored (controller/step.py EarlyLogProbs); ignored with DAPO's dynamic sampling and async_training
+    log_probs_with_scoring: bool = False
     log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
@@ -360,6 +366,9 @@ class ServicesConfig:
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     startup_timeout_s: float = 180.0
     rpc_timeout_s: float = 600.0
+    # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
+    # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
+    compile_cache_dir: str | None = None
 
 
 ASYNC_MODES = ("sync", "one_step_off", "fully_async")  # async_training.mode (controller/async_loop.py)

@@ -55,14 +55,17 @@ class Packing:
         cols = self.first[rows] + torch.arange(real) - self.offsets[rows]
         self.source = torch.cat([rows * t + cols, torch.zeros(self.filler, dtype=torch.long)])
         # position of every packed token within its own sequence (RoPE restarts per sequence)
-        self.positions = torch.cat([torch.arange(n) for n in seqlens])
+        starts = self.cu_seqlens[:-1].long()  # one vectorised op, not an arange per sequence
+        self.positions = torch.arange(self.total) - torch.repeat_interleave(starts, torch.tensor(seqlens))
         self.kept = None  # packed indices the last stage computes outputs for (None: all)
 
     def keep_responses(self, width: int) -> None:
         """Compute outputs only where they predict one of the last `width` columns' real tokens
         (the response). Reads elsewhere (`PackedOutput.take`) then raise."""
         idx, valid = self.index_valid(self.width - width - 1, width, predicts=True)
-        self.kept = torch.unique(idx[valid])  # sorted: the packed order (rows sharing a prompt share one)
+        hit = torch.zeros(self.total, dtype=torch.bool)  # a scatter, not torch.unique's sort
+        hit[idx[valid]] = True
+        self.kept = hit.nonzero().squeeze(1)  # sorted: the packed order (rows sharing a prompt share one)
         self._slot = torch.full((self.total,), -1, dtype=torch.long)
         self._slot[self.kept] = torch.arange(len(self.kept))
 

@@ -34,6 +34,7 @@ from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
 from tandem.rpc.errors import FailedPrecondition
 from tandem.serving.call_observer import CallObserver, profile_section
+from tandem.serving.compile_cache import use_compile_cache
 from tandem.serving.role import Built, Role
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
@@ -56,6 +57,7 @@ class RankHost:
         configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
         section = self.role.section(cfg)
         torch.set_num_threads(max(1, section.torch_threads))
+        use_compile_cache(cfg.services.compile_cache_dir)  # before the workers compile anything
         if self.role.ranked(cfg):  # the same weights as a service started for this run alone
             device.manual_seed(self.role.seed(cfg))
             # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU

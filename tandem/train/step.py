@@ -15,7 +15,7 @@ import torch
 from tandem.data.batch import DataProto
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer
-from tandem.train.schedule import is_scalar, run_schedule
+from tandem.train.schedule import is_scalar, overlapping, run_schedule
 
 
 def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows: int,
@@ -40,12 +40,22 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
                     weighted[k] += v / max(total_units, 1.0)
                 else:  # [rows, ...] of the micro-batch, left on the device until here
                     per_row[k].append(v)
-        rows.append(DataProto(tensors={k: torch.cat(v).cpu() for k, v in per_row.items()}) if per_row else None)
+        # per-row outputs: read back after the last mini-batch with overlap_host_work (one wait), else now
+        rows.append({k: torch.cat(v) for k, v in per_row.items()} if per_row else None)
+        if not overlapping(loss_fn):
+            rows[-1] = on_host(rows[-1])
         lrs.append(optimizer.lr)
         grad_norms.append(optimizer.step())
     return {"weighted": host_floats(weighted),
             "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)},
-            "rows": rows}
+            "rows": [on_host(r) for r in rows]}
+
+
+def on_host(tensors: dict | DataProto | None) -> DataProto | None:
+    """Per-row outputs (device tensors by name) -> a DataProto on the host (as is if it is one)."""
+    if tensors is None or isinstance(tensors, DataProto):
+        return tensors
+    return DataProto(tensors={k: v.cpu() for k, v in tensors.items()})
 
 
 def host_floats(metrics: dict) -> dict:

@@ -51,6 +51,9 @@ def check_services(cfg: TandemConfig) -> None:
                   f"environment variable {auth.token_env} is not set or empty")
         check(not auth.health_without_token or bool(auth.token_file or auth.token_env),
               f"{key}.auth.health_without_token", "needs a token (auth.token_file or auth.token_env)")
+    cache = cfg.services.compile_cache_dir
+    check(cache is None or os.path.isabs(cache), "services.compile_cache_dir",
+          f"must be an absolute path (services run in their own working directories), got {cache!r}")
 
 
 def _check_generation_threads(cfg: TandemConfig) -> None:

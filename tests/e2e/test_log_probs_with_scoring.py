@@ -1,0 +1,46 @@
+"""trainer.log_probs_with_scoring: `tandem run` with phase 2 started while the rows are scored
+gives the same step metrics (losses, KL, rewards, log-prob diffs: everything but timings and memory)
+as with it off, on the same seeds; with old and reference log-probs (two mini-batches, KL loss),
+and when scoring drops rows (their log-probs leave with them)."""
+import json
+import os
+
+from server_process import ROOT
+from test_tandem_run import TINY, run_tandem
+
+FLAKY = [f"custom_reward_function.path={ROOT / 'tests' / 'helpers' / 'verl_reward_fn.py'}",
+         "custom_reward_function.name=flaky_score", "custom_reward_function.timeout_s=1",
+         "reward_model.on_failure=drop"]
+
+EXTRA = ["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated",
+         "actor_rollout_ref.actor.use_kl_loss=true", "trainer.sft.total_steps=0", "trainer.save_freq=0",
+         "trainer.max_restarts=0", "trainer.logger=[console,jsonl]"]
+VARYING = ("timing_s/", "perf/", "memory/", "actor/memory", "actor/peak", "_gib")
+
+
+def step_metrics(tmp_path, name: str, on: bool, *extra: str) -> list[dict]:
+    rc, out, err, _ = run_tandem([*TINY, *EXTRA, *extra, f"trainer.log_probs_with_scoring={str(on).lower()}",
+                                  f"trainer.default_local_dir={tmp_path / name}", f"trainer.experiment_name={name}"])
+    assert rc == 0, f"exit {rc}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    (run_name,) = os.listdir(tmp_path / name)
+    lines = [json.loads(x) for x in (tmp_path / name / run_name / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in m.items() if not any(s in k for s in VARYING)} for m in lines if "actor/pg_loss" in m]
+
+
+def differences(a: dict, b: dict) -> dict:
+    return {k: (v, b.get(k)) for k, v in a.items() if v != b.get(k)}
+
+
+def test_same_metrics_with_log_probs_started_at_scoring(tmp_path):
+    off, on = step_metrics(tmp_path, "off", False), step_metrics(tmp_path, "on", True)
+    assert len(on) == len(off) == 2
+    assert on[0]["actor/ppo_kl"] == 0.0 and "actor/kl_loss" in on[0] and "training/rollout_probs_diff_max" in on[0]
+    for a, b in zip(off, on):
+        assert a.keys() == b.keys() and differences(a, b) == {}
+
+
+def test_rows_dropped_by_scoring_leave_the_early_log_probs(tmp_path):
+    off, on = step_metrics(tmp_path, "off", False, *FLAKY), step_metrics(tmp_path, "on", True, *FLAKY)
+    assert len(on) == len(off) > 0 and any(m["reward/failed_rows"] > 0 for m in on)
+    for a, b in zip(off, on):
+        assert a.keys() == b.keys() and differences(a, b) == {}
