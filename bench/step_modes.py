@@ -181,6 +181,10 @@ class InprocReward:
                                             "prompt_text") if k in batch.columns}
         return await self.run(self.w.score, **kw)
 
+    async def score_rows(self, batch: DataProto) -> tuple[list[float], dict[int, str]]:
+        """As RewardClient.score_rows: the built-in rules score every row (no failed rows)."""
+        return await self.score(batch), {}
+
 
 class InprocMode:
     """As in the services, model work runs on a WorkerThread (actor and rollout share one, as in
