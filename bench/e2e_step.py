@@ -46,6 +46,7 @@ import e2e_roofline as roof  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # verl's timing_s/* (controller/step.py)
+COMPILE_PHASES = ["frame_s", "backend_s", "inductor_s", "code_gen_s", "async_compile_wait_s"]  # compile.spent's split
 
 
 def variant_keys(text: str) -> list[str]:
@@ -129,6 +130,7 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         steps = [m for m in map(json.loads, f) if "timing_s/step" in m]
     spent: dict = {}
+    phases: dict = {}  # rl_step -> torch's split of the compile time (tandem/serving/call_observer.py PHASES)
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
         with open(path) as f:
             for line in f:
@@ -136,8 +138,12 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                 if e and e.get("event") == "compile.spent":
                     c, g = spent.get(e.get("rl_step"), (0.0, 0.0))
                     spent[e.get("rl_step")] = (c + e["compile_s"], g + e["graph_capture_s"])
+                    split = phases.setdefault(e.get("rl_step"), {})
+                    for k in COMPILE_PHASES:
+                        split[k] = split.get(k, 0.0) + e.get(k, 0.0)
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GBs each; metrics and logs stay
-    return {"name": name, "extra": extra, "steps": steps, "compile": spent, "wall_s": wall, "run_dir": run_dir}
+    return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "wall_s": wall,
+            "run_dir": run_dir}
 
 
 def _json(line: str):
@@ -176,7 +182,7 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "mfu_train": mfu_train / r["matmul_flops"], "mfu_logprob": mfu_lp / r["matmul_flops"],
             "roofline_s": roof_s, "roof_parts": {k: statistics.median(x[k] for x in lines) for k in lines[0]},
             "fraction": roof_s / step_s, "other_s": other, "first_step_s": first,
-            "first_compile_s": c1[0], "first_capture_s": c1[1],
+            "first_compile_s": c1[0], "first_capture_s": c1[1], "first_compile_phases": res["compile_phases"].get(1, {}),
             "before_compile_s": c0[0], "before_capture_s": c0[1], "wall_s": res["wall_s"], "steps": len(steps),
             "response_mean": med("response_length/mean"), "prompt_mean": med("prompt_length/mean"),
             "probs_diff_max": max((m.get("training/rollout_probs_diff_max", 0.0) for m in steps), default=0.0),
@@ -219,8 +225,19 @@ def cold_start_lines(done: dict) -> list[str]:
     compiled artifacts reused from the run before)."""
     return [f"- {name}, run {i + 1}: first step {x['first_step_s']:.1f} s = **{x['first_step_s'] / x['step_s']:.1f}x** "
             f"its steady step (compile {x['first_compile_s']:.1f} s, graph capture {x['first_capture_s']:.1f} s; "
-            f"before step 1: {x['before_compile_s']:.1f} + {x['before_capture_s']:.1f} s)"
+            f"before step 1: {x['before_compile_s']:.1f} + {x['before_capture_s']:.1f} s){_split(x)}"
             for name, xs in done.items() for i, x in enumerate(xs)]
+
+
+def _split(x: dict) -> str:
+    """Step 1's compile time as torch splits it: dynamo's tracing (frames less backends), the backends
+    (AOT autograd + inductor), inductor's share, its code generation, waits for parallel compile workers."""
+    p = x.get("first_compile_phases") or {}
+    if not p.get("frame_s"):
+        return ""
+    return (f"; of the compile: tracing {p['frame_s'] - p.get('backend_s', 0.0):.1f} s, backends "
+            f"{p.get('backend_s', 0.0):.1f} s (inductor {p.get('inductor_s', 0.0):.1f}, code gen "
+            f"{p.get('code_gen_s', 0.0):.1f}, compile-worker waits {p.get('async_compile_wait_s', 0.0):.1f})")
 
 
 def main(argv=None) -> int:

@@ -11,7 +11,8 @@ run does after it with the same tag (final validation, checkpoint).
 
 Compile time: after a call in which this process spent time in torch.compile (dynamo + inductor,
 `torch._dynamo.utils.calculate_time_spent`) or capturing CUDA graphs
-(tandem/generation/graphs.py), one log line `compile.spent` with both (bench/e2e_step.py reads them).
+(tandem/generation/graphs.py), one log line `compile.spent` with both (bench/e2e_step.py reads them)
+and torch's split of the compile time (frame_s, backend_s, inductor_s, code_gen_s, async_compile_wait_s).
 
 Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
 the rank-group protocol (rank_group.py).
@@ -28,13 +29,22 @@ from tandem.logging import get_logger
 _log = get_logger("tandem.serving.call_observer")
 
 
-def compile_seconds() -> float:
-    """Seconds this process spent in torch.compile so far (dynamo frames, backward included)."""
+# torch's own compile phases (calculate_time_spent's keys), logged per call beside the total: what a
+# first step pays with a warm on-disk cache (dynamo's tracing is never cached) is then readable
+PHASES = {"frame_s": "entire_frame_compile", "backend_s": "backend_compile", "inductor_s": "inductor_compile",
+          "code_gen_s": "code_gen", "async_compile_wait_s": "async_compile.wait"}
+
+
+def compile_times() -> dict[str, float]:
+    """Seconds this process spent in torch.compile so far: 'total' (dynamo frames, backward included)
+    and the PHASES torch reports (absent ones 0)."""
     try:
         from torch._dynamo.utils import calculate_time_spent
     except ImportError:  # pragma: no cover - torch without dynamo
-        return 0.0
-    return float(calculate_time_spent().get("total_wall_time", 0.0))
+        return {}
+    spent = calculate_time_spent()
+    return {"total": float(spent.get("total_wall_time", 0.0)),
+            **{k: float(spent.get(key, 0.0)) for k, key in PHASES.items()}}
 
 
 def capture_seconds() -> float:
@@ -61,12 +71,15 @@ class CallObserver:
     @contextmanager
     def call(self, step: int | None, name: str):
         self._at_step(step)
-        c0, g0 = compile_seconds(), capture_seconds()
+        c0, g0 = compile_times(), capture_seconds()
         with torch.profiler.record_function(name) if self.prof is not None else nullcontext():
             yield
-        dc, dg = compile_seconds() - c0, capture_seconds() - g0
-        if dc > 1e-3 or dg > 1e-3:
-            _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3))
+        c1, dg = compile_times(), capture_seconds() - g0
+        dc = c1.get("total", 0.0) - c0.get("total", 0.0)
+        if dc > 1e-3 or dg > 1e-3:  # phases: torch's split of compile_s (tracing = frame_s - backend_s)
+            phases = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in PHASES if k in c1}
+            _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3),
+                      **phases)
 
     def _at_step(self, step: int | None) -> None:
         if step == self.step:
