@@ -22,11 +22,10 @@ from tandem.parallel import device
 from tandem.services.actor.memory import actor_memory
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
-from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
-from tandem.train.schedule import overlaps_host_work, reads_responses_only, run_schedule, shares_prompts
-from tandem.train.step import on_host, train_steps
+from tandem.train.schedule import overlaps_host_work, reads_responses_only, shares_prompts
+from tandem.train.step import forward_rows, train_steps
 
 
 class ActorWorker:
@@ -78,21 +77,14 @@ class ActorWorker:
         @reads_responses_only
         def loss_fn(output, mb):
             lp, ent = losses.response_log_probs(output, mb, temperature, with_entropy=entropy)
-            out = {"log_probs": lp.float()}  # left on the device: read back once per shard
+            out = {"log_probs": lp.float()}  # left on the device: read back once per call
             if entropy:
                 out["entropys"] = ent.float()
             return output.new_zeros(()), 0, out
 
         shares_prompts(loss_fn, self.share_prompts)
         overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
-        results = []
-        for shard in shards:
-            outs = [] if shard is None else run_schedule(model, micro_batches(shard, micro_rows), loss_fn,
-                                                         forward_only=True)
-            results.append({k: torch.cat([o[k] for o in outs]) for k in outs[0] if k != "units"} if outs else None)
-            if not self.actor_cfg.overlap_host_work:  # read back per shard (waits for its last micro-batch)
-                results[-1] = on_host(results[-1])
-        return [on_host(r) for r in results]  # overlap_host_work: one wait per call, not per mini-batch shard
+        return forward_rows(model, shards, micro_rows, loss_fn)
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:

@@ -19,11 +19,9 @@ from tandem.models.scalar_head import build_scalar_model
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
-from tandem.train.microbatch import micro_batches
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.phases import MemoryPhases, grads_group, optimizer_group, params_group
-from tandem.train.schedule import run_schedule
 from tandem.train.step import train_steps
 
 CRITIC_PHASES = {"values": {"params"}, "train": {"params", "grads", "optimizer"}, "checkpoint": {"params", "optimizer"}}
@@ -54,15 +52,9 @@ class CriticWorker:
         self.ddp.eval()
 
         def loss_fn(output, mb):
-            return output.new_zeros(()), 0, {"values": losses.values_of(output, mb)}  # read back once per shard
+            return output.new_zeros(()), 0, {"values": losses.values_of(output, mb)}  # read back once per call
 
-        out = []
-        for shard in shards:
-            parts = run_schedule(self.ddp, micro_batches(shard, micro_rows), loss_fn,
-                                 forward_only=True) if shard is not None else []
-            out.append(DataProto(tensors={"values": torch.cat([p["values"] for p in parts]).cpu()})
-                       if parts else None)
-        return out
+        return forward_rows(self.ddp, shards, micro_rows, loss_fn)
 
     def update(self, shards: list[DataProto]) -> dict:
         loss_fn = functools.partial(losses.critic_loss, cfg=self.critic_cfg)

@@ -57,10 +57,6 @@ def overlaps_host_work(loss_fn: Callable, on: bool = True) -> Callable:
     return loss_fn
 
 
-def overlapping(loss_fn: Callable) -> bool:
-    return getattr(loss_fn, "overlaps_host_work", False)
-
-
 def _packing(mb: DataProto, multiple: int, share: bool, responses_only: bool, select: bool) -> Packing:
     if share:
         packing = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], mb["responses"].shape[1], multiple)
@@ -85,7 +81,7 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     prepare = functools.partial(_packing, multiple=sequence_split(model),
                                 share=responses_only and getattr(loss_fn, "shares_prompts", False),
                                 responses_only=responses_only, select=selects_outputs(model))
-    if overlapping(loss_fn) and _pipeline_size() == 1:
+    if getattr(loss_fn, "overlaps_host_work", False) and _pipeline_size() == 1:
         it = ((mb, prepare(mb)) for mb in micro_batches)  # built when forward_step asks for it
         seq_length = max((mb["attention_mask"].numel() for mb in micro_batches), default=1)  # a bound; unused at PP=1
     else:

@@ -1,4 +1,5 @@
-"""Optimizer steps over this rank's shards of mini-batches (one step each).
+"""Optimizer steps over this rank's shards of mini-batches (one step each), and forward-only
+passes over shards (log-probs, values).
 
 Every rank of a DP group gets its shard of the same global mini-batches, in order
 (tandem/serving/dispatch.py); gradients are summed over micro-batches and DP ranks and
@@ -15,7 +16,7 @@ import torch
 from tandem.data.batch import DataProto
 from tandem.train.microbatch import micro_batches
 from tandem.train.optim import Optimizer
-from tandem.train.schedule import is_scalar, overlapping, run_schedule
+from tandem.train.schedule import is_scalar, run_schedule
 
 
 def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows: int,
@@ -40,22 +41,28 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
                     weighted[k] += v / max(total_units, 1.0)
                 else:  # [rows, ...] of the micro-batch, left on the device until here
                     per_row[k].append(v)
-        # per-row outputs: read back after the last mini-batch with overlap_host_work (one wait), else now
-        rows.append({k: torch.cat(v) for k, v in per_row.items()} if per_row else None)
-        if not overlapping(loss_fn):
-            rows[-1] = on_host(rows[-1])
+        rows.append({k: torch.cat(v) for k, v in per_row.items()} if per_row else None)  # still on the device
         lrs.append(optimizer.lr)
         grad_norms.append(optimizer.step())
     return {"weighted": host_floats(weighted),
             "steps": {grad_norm_key: sum(grad_norms) / len(grad_norms), lr_key: sum(lrs) / len(lrs)},
-            "rows": [on_host(r) for r in rows]}
+            "rows": [_on_host(r) for r in rows]}  # read back after the last step: one wait per call
 
 
-def on_host(tensors: dict | DataProto | None) -> DataProto | None:
-    """Per-row outputs (device tensors by name) -> a DataProto on the host (as is if it is one)."""
-    if tensors is None or isinstance(tensors, DataProto):
-        return tensors
-    return DataProto(tensors={k: v.cpu() for k, v in tensors.items()})
+def forward_rows(model, shards: list[DataProto | None], micro_rows: int, loss_fn: Callable) -> list[DataProto | None]:
+    """Per shard: the loss_fn's per-row outputs (its third value, 'units' aside) of a forward-only pass,
+    read back to the host once, after every shard's forward (one wait per call, not per shard)."""
+    out = []
+    for shard in shards:
+        parts = [] if shard is None else run_schedule(model, micro_batches(shard, micro_rows), loss_fn,
+                                                      forward_only=True)
+        out.append({k: torch.cat([p[k] for p in parts]) for k in parts[0] if k != "units"} if parts else None)
+    return [_on_host(r) for r in out]
+
+
+def _on_host(tensors: dict | None) -> DataProto | None:
+    """Per-row outputs (device tensors by name) -> a DataProto on the host."""
+    return None if tensors is None else DataProto(tensors={k: v.cpu() for k, v in tensors.items()})
 
 
 def host_floats(metrics: dict) -> dict:

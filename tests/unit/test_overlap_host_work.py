@@ -1,7 +1,7 @@
-"""actor.overlap_host_work (packings built per micro-batch, per-row outputs read back once per
-call): the same old and reference log-probs, update metrics and new weights, bit for bit, as
-with it off; ppo_kl is still exactly 0 on the first on-policy mini-batch. And the packing's
-vectorised fields equal their per-sequence definitions."""
+"""actor.overlap_host_work (packings built per micro-batch, just before each forward): the same
+old and reference log-probs, update metrics and new weights, bit for bit, as with it off; ppo_kl
+is still exactly 0 on the first on-policy mini-batch. And the packing's vectorised fields equal
+their per-sequence definitions."""
 import torch
 from test_actor_on_policy import deterministic, with_advantages
 from test_actor_worker import generate, make_worker, weights
@@ -9,7 +9,7 @@ from test_actor_worker import generate, make_worker, weights
 from tandem.models.packing import Packing
 
 # 2 mini-batches of 2 prompts x n=2 = 4 rows: the old log-probs come in 2 shards (read back
-# once per call with the key on), each in micro-batches of 3 and 1
+# once per call), each in micro-batches of 3 and 1
 TWO_MINIS = ["actor_rollout_ref.actor.ppo_mini_batch_size=2"]
 
 
