@@ -22,7 +22,7 @@ from tandem.train.memory_metrics import memory_metrics
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.phases import MemoryPhases, grads_group, optimizer_group, params_group
-from tandem.train.step import train_steps
+from tandem.train.step import forward_rows, train_steps
 
 CRITIC_PHASES = {"values": {"params"}, "train": {"params", "grads", "optimizer"}, "checkpoint": {"params", "optimizer"}}
 
