@@ -36,6 +36,7 @@ import platform
 import random
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -46,7 +47,9 @@ import e2e_roofline as roof  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # verl's timing_s/* (controller/step.py)
-COMPILE_PHASES = ["frame_s", "backend_s", "inductor_s", "code_gen_s", "async_compile_wait_s"]  # compile.spent's split
+# compile.spent's split of the compile time, and its caches' answers
+COMPILE_PHASES = ["frame_s", "backend_s", "inductor_s", "code_gen_s", "async_compile_wait_s",
+                  "fx_cache_hit", "fx_cache_miss", "fx_cache_bypass", "aot_cache_hit", "aot_cache_miss", "aot_cache_bypass"]
 
 
 def variant_keys(text: str) -> list[str]:
@@ -117,18 +120,24 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
     """One `tandem run` -> {'steps': [metrics per RL step], 'compile': {rl_step: (compile_s, capture_s)}, ...}."""
     t0 = time.time()
     log = os.path.join(out, f"{name}.log")
-    with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, "-m", "tandem.controller", "run", *base, *extra], cwd=ROOT, env=_env(),
-                              stdout=f, stderr=subprocess.STDOUT, timeout=a.run_timeout, check=False)
+    with open(log, "w") as f:  # its own session: a run past --run-timeout is stopped with its services
+        proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *base, *extra], cwd=ROOT,
+                                env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        timed_out = _wait_or_stop(proc, a.run_timeout)
     wall = time.time() - t0
     runs = sorted(glob.glob(os.path.join(out, "runs", f"{name}-*")))
-    if proc.returncode or not runs:
+    metrics = os.path.join(runs[-1], "metrics.jsonl") if runs else ""
+    steps = []
+    if os.path.exists(metrics):
+        with open(metrics) as f:
+            steps = [m for m in map(_json, f) if m and "timing_s/step" in m]
+    # a run stopped at --run-timeout still reports the steps it finished (marked in the table)
+    if (proc.returncode and not timed_out) or not steps:
         with open(log) as f:
             tail = f.read()[-2500:]
-        raise RuntimeError(f"{name}: tandem run exited {proc.returncode} after {wall:.0f} s (log {log}):\n{tail}")
+        why = f"stopped at --run-timeout {a.run_timeout:.0f} s" if timed_out else f"exited {proc.returncode}"
+        raise RuntimeError(f"{name}: tandem run {why} after {wall:.0f} s, {len(steps)} steps (log {log}):\n{tail}")
     run_dir = runs[-1]
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        steps = [m for m in map(json.loads, f) if "timing_s/step" in m]
     spent: dict = {}
     phases: dict = {}  # rl_step -> torch's split of the compile time (tandem/serving/call_observer.py PHASES)
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
@@ -143,7 +152,28 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                         split[k] = split.get(k, 0.0) + e.get(k, 0.0)
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GBs each; metrics and logs stay
     return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "wall_s": wall,
-            "run_dir": run_dir}
+            "run_dir": run_dir, "timed_out": timed_out}
+
+
+def _wait_or_stop(proc: subprocess.Popen, timeout: float) -> bool:
+    """Wait for the run; past `timeout`, stop its whole process group (controller and services: the
+    GPU must be free for the next run), SIGTERM then SIGKILL. -> whether it was stopped."""
+    try:
+        proc.wait(timeout=timeout)
+        return False
+    except subprocess.TimeoutExpired:
+        pass
+    for sig, grace in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=grace)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return True
 
 
 def _json(line: str):
@@ -235,9 +265,17 @@ def _split(x: dict) -> str:
     p = x.get("first_compile_phases") or {}
     if not p.get("frame_s"):
         return ""
-    return (f"; of the compile: tracing {p['frame_s'] - p.get('backend_s', 0.0):.1f} s, backends "
-            f"{p.get('backend_s', 0.0):.1f} s (inductor {p.get('inductor_s', 0.0):.1f}, code gen "
-            f"{p.get('code_gen_s', 0.0):.1f}, compile-worker waits {p.get('async_compile_wait_s', 0.0):.1f})")
+    split = (f"; of the compile: tracing {p['frame_s'] - p.get('backend_s', 0.0):.1f} s, backends "
+             f"{p.get('backend_s', 0.0):.1f} s (inductor {p.get('inductor_s', 0.0):.1f}, code gen "
+             f"{p.get('code_gen_s', 0.0):.1f}, compile-worker waits {p.get('async_compile_wait_s', 0.0):.1f})")
+    return split + _caches(p)
+
+
+def _caches(p: dict) -> str:
+    """How torch's on-disk caches answered during step 1 (bypass: a graph the cache cannot hold)."""
+    return "".join(f"; {what} cache hit / miss / bypass {p.get(k + '_cache_hit', 0):.0f} / "
+                   f"{p.get(k + '_cache_miss', 0):.0f} / {p.get(k + '_cache_bypass', 0):.0f}"
+                   for k, what in (("fx", "FX graph"), ("aot", "AOT autograd")))
 
 
 def main(argv=None) -> int:
@@ -298,6 +336,8 @@ def main(argv=None) -> int:
                 res = run_one(a, [*overrides(a, ckpt, train, val, a.out, tag), *a.overrides], extra, tag, a.out)
                 x = summarise(res, a, s, r)
                 x["name"] = name + (f" ({' '.join(extra)})" if extra else "")
+                if res["timed_out"]:
+                    x["name"] += f" [stopped at --run-timeout after {len(res['steps'])} steps]"
                 done.setdefault(name, []).append(x)
                 line = row(x)
             except Exception as e:  # one failure must not lose the other runs

@@ -15,6 +15,7 @@ with a warning, as `nn.Module.compile` alone would not.
 """
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 
@@ -37,12 +38,30 @@ class _CompiledCall:
         generating = kwargs.get("inference_context") is not None or kwargs.get("inference_params") is not None
         if generating or _CompiledCall.failed:
             return self.eager(*args, **kwargs)
+        hidden = kwargs.get("hidden_states")
+        if isinstance(hidden, torch.Tensor):
+            kwargs["hidden_states"] = _canonical(hidden)
         try:
             return self.compiled(*args, **kwargs)
         except torch._dynamo.exc.TorchDynamoException as e:  # a compiler bug must not stop training
             log.warning("torch.compile of the transformer layers failed, running them eagerly: %s", e)
             _CompiledCall.failed = True
             return self.eager(*args, **kwargs)
+
+
+def _canonical(hidden: torch.Tensor) -> torch.Tensor:
+    """Hidden states as every layer after the first receives them: not a view, the strides of a
+    contiguous tensor. The embedding's output is a transpose (its size-1 batch dimension has
+    stride T*H, and it has a `_base`); dynamo guards on both, so the first layer would compile
+    graphs of its own (twice the compile time, and one more guard set to check on every call).
+    The copy is one [T, H] tensor per forward; gradients flow through it."""
+    strides, step = [], 1
+    for size in reversed(hidden.shape):
+        strides.insert(0, step)
+        step *= max(size, 1)
+    if hidden._base is None and hidden.stride() == tuple(strides):
+        return hidden
+    return hidden.clone(memory_format=torch.contiguous_format)
 
 
 def compile_layers(model) -> int:
@@ -54,9 +73,72 @@ def compile_layers(model) -> int:
     for layer in layers:
         if not isinstance(layer._compiled_call_impl, _CompiledCall):
             layer._compiled_call_impl = _CompiledCall(layer)
+            plain_linears(layer)
+            plain_activation(layer)
     raise_recompile_limit(16)  # graphs are keyed by code, not layer: grad mode, dtype, layout variants
     _quiet_megatron_warnings()
     return len(layers)
+
+
+def plain_linears(layer) -> int:
+    """Give the layer's column- and row-parallel linears a plain matmul forward where they have
+    nothing to communicate (one TP rank, no sequence parallelism or expert communication, no fused
+    gradient accumulation, no deferred or offloaded activations). megatron's forward runs the
+    same matmul and bias add inside torch.autograd.Functions (one per linear, and the identity
+    copy / reduce regions), which AOTAutograd's on-disk cache refuses: every run traced and
+    partitioned the training graph again (~40 s of a 0.5B first step with a warm cache). Same
+    arithmetic, gradients from autograd. -> how many linears."""
+    from megatron.core import tensor_parallel as tpl
+
+    n = 0
+    for m in layer.modules():
+        kind = ("column" if type(m) is tpl.ColumnParallelLinear else
+                "row" if type(m) is tpl.RowParallelLinear else None)
+        if kind is None or not _communication_free(m):
+            continue
+        m.forward = (_column_forward if kind == "column" else _row_forward).__get__(m)
+        n += 1
+    return n
+
+
+def plain_activation(layer) -> bool:
+    """The layer's MLP without megatron's fused SwiGLU / GeLU (bias_activation_fusion): that fusion is
+    an autograd.Function too (AOTAutograd's cache refuses it, as above), and inductor fuses the plain
+    activation into one kernel each way anyway. The MLP gets its own copy of the config; eager calls
+    of the layer (generation's prefill) run the plain activation as well. -> whether it changed."""
+    mlp = getattr(layer, "mlp", None)
+    config = getattr(mlp, "config", None)
+    if config is None or not getattr(config, "bias_activation_fusion", False) or not hasattr(mlp, "linear_fc1"):
+        return False
+    mlp.config = copy.copy(config)
+    mlp.config.bias_activation_fusion = False
+    return True
+
+
+def _communication_free(linear) -> bool:
+    from megatron.core import parallel_state
+
+    cfg = linear.config
+    tp_group = getattr(linear, "tp_group", None)
+    tp = tp_group.size() if tp_group is not None else parallel_state.get_tensor_model_parallel_world_size()
+    return (tp == 1 and not linear.sequence_parallel and not getattr(linear, "explicit_expert_comm", False)
+            and not linear.gradient_accumulation_fusion and not cfg.defer_embedding_wgrad_compute
+            and cfg._cpu_offloading_context is None and linear.weight is not None)
+
+
+def _column_forward(self, input_, weight=None, runtime_gather_output=None):
+    weight = self.weight if weight is None else weight
+    output = torch.matmul(input_, weight.t())  # as megatron's LinearWithGradAccumulation...: then + bias
+    if self.bias is not None and not self.skip_bias_add:
+        output = output + self.bias
+    return output, (self.bias if self.skip_bias_add else None)
+
+
+def _row_forward(self, input_):
+    output = torch.matmul(input_, self.weight.t())
+    if self.skip_bias_add:
+        return output, self.bias
+    return (output + self.bias if self.bias is not None else output), None
 
 
 def raise_recompile_limit(n: int) -> None:

@@ -12,7 +12,8 @@ run does after it with the same tag (final validation, checkpoint).
 Compile time: after a call in which this process spent time in torch.compile (dynamo + inductor,
 `torch._dynamo.utils.calculate_time_spent`) or capturing CUDA graphs
 (tandem/generation/graphs.py), one log line `compile.spent` with both (bench/e2e_step.py reads them)
-and torch's split of the compile time (frame_s, backend_s, inductor_s, code_gen_s, async_compile_wait_s).
+and torch's split of the compile time (frame_s, backend_s, inductor_s, code_gen_s, async_compile_wait_s)
+and its caches' answers (fx_cache_hit / _miss / _bypass, aot_cache_hit / _miss / _bypass; only those that moved).
 
 Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
 the rank-group protocol (rank_group.py).
@@ -33,18 +34,25 @@ _log = get_logger("tandem.serving.call_observer")
 # first step pays with a warm on-disk cache (dynamo's tracing is never cached) is then readable
 PHASES = {"frame_s": "entire_frame_compile", "backend_s": "backend_compile", "inductor_s": "inductor_compile",
           "code_gen_s": "code_gen", "async_compile_wait_s": "async_compile.wait"}
+# and how torch's on-disk caches answered (hits, misses, bypasses: a graph the cache cannot hold)
+CACHE_COUNTS = {"fx_cache_hit": ("inductor", "fxgraph_cache_hit"), "fx_cache_miss": ("inductor", "fxgraph_cache_miss"),
+                "fx_cache_bypass": ("inductor", "fxgraph_cache_bypass"),
+                "aot_cache_hit": ("aot_autograd", "autograd_cache_hit"),
+                "aot_cache_miss": ("aot_autograd", "autograd_cache_miss"),
+                "aot_cache_bypass": ("aot_autograd", "autograd_cache_bypass")}
 
 
 def compile_times() -> dict[str, float]:
     """Seconds this process spent in torch.compile so far: 'total' (dynamo frames, backward included)
-    and the PHASES torch reports (absent ones 0)."""
+    and the PHASES torch reports (absent ones 0), and the CACHE_COUNTS so far."""
     try:
-        from torch._dynamo.utils import calculate_time_spent
+        from torch._dynamo.utils import calculate_time_spent, counters
     except ImportError:  # pragma: no cover - torch without dynamo
         return {}
     spent = calculate_time_spent()
     return {"total": float(spent.get("total_wall_time", 0.0)),
-            **{k: float(spent.get(key, 0.0)) for k, key in PHASES.items()}}
+            **{k: float(spent.get(key, 0.0)) for k, key in PHASES.items()},
+            **{k: counters[group][key] for k, (group, key) in CACHE_COUNTS.items()}}
 
 
 def capture_seconds() -> float:
@@ -78,6 +86,7 @@ class CallObserver:
         dc = c1.get("total", 0.0) - c0.get("total", 0.0)
         if dc > 1e-3 or dg > 1e-3:  # phases: torch's split of compile_s (tracing = frame_s - backend_s)
             phases = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in PHASES if k in c1}
+            phases.update({k: c1[k] - c0.get(k, 0) for k in CACHE_COUNTS if c1.get(k, 0) - c0.get(k, 0)})
             _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3),
                       **phases)
 

@@ -44,3 +44,23 @@ def test_compile_time_is_logged_after_a_call_that_compiled():
     # torch's split of it: the whole frame took the time (the eager backend compiles nothing itself)
     assert spent[0]["frame_s"] > 0 and spent[0]["frame_s"] <= spent[0]["compile_s"] + 1e-3
     assert 0 <= spent[0]["backend_s"] <= spent[0]["frame_s"]
+
+
+def test_compile_spent_says_how_the_on_disk_cache_answered(tmp_path, monkeypatch):
+    """A first inductor compile misses the FX graph cache; the same graph compiled again (dynamo's
+    in-memory state reset) is read back from disk: a hit, logged as such."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    obs = CallObserver("actor", 0, None)
+
+    def fn(x):
+        return torch.cos(x) * 3 + 1
+
+    spent = []
+    for _ in range(2):
+        torch._dynamo.reset()
+        with capture_logs() as logs:
+            with obs.call(1, "actor.update"):
+                torch.compile(fn)(torch.ones(8))
+        spent += [e for e in logs if e["event"] == "compile.spent"]
+    assert [s.get("fx_cache_miss", 0) for s in spent] == [1, 0]
+    assert [s.get("fx_cache_hit", 0) for s in spent] == [0, 1]

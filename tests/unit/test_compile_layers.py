@@ -89,3 +89,36 @@ def test_megatron_warnings_outside_compiled_regions_still_warn():
 
     with pytest.warns(DeprecationWarning, match="tp_group"):
         utils.warnings.warn("tp_group is None", DeprecationWarning, stacklevel=2)
+
+
+def test_one_training_graph_for_all_layers_and_it_can_be_cached(megatron_dist):
+    """The first layer's input (the embedding's transposed output) is made canonical, so it shares the
+    other layers' graph; the linears' plain forward and the unfused activation keep autograd.Functions
+    out of it, so AOTAutograd may store it on disk (no bypass): a second run of a service loads it
+    instead of tracing and partitioning it again."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = _model()
+    model.config.bias_activation_fusion = True  # as on GPUs (megatron's fused SwiGLU: an autograd.Function)
+    layer_compile.compile_layers(model)
+    assert all(not layer.mlp.config.bias_activation_fusion for layer in model.decoder.layers)
+    assert model.config.bias_activation_fusion  # the model's own config is left as it was
+    graphs, bypass = counters["stats"]["unique_graphs"], counters["aot_autograd"]["autograd_cache_bypass"]
+    for drop in (False, True):
+        _loss_and_grads(model, drop)
+    assert counters["stats"]["unique_graphs"] - graphs == 1  # three layers, two lengths: one graph
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == bypass
+
+
+def test_plain_linears_give_megatrons_outputs_and_gradients(megatron_dist):
+    model, plain = _model(), _model()  # the same seed: the same weights
+    lin = plain.decoder.layers[2].mlp.linear_fc1
+    lin.sequence_parallel = True  # something to communicate: megatron's own forward stays
+    assert sum(layer_compile.plain_linears(layer) for layer in plain.decoder.layers) == 3 * 4 - 1
+    assert "forward" not in vars(lin) and "forward" in vars(plain.decoder.layers[2].mlp.linear_fc2)
+    lin.sequence_parallel = False
+    (lp, grads), (lp_plain, grads_plain) = _loss_and_grads(model), _loss_and_grads(plain)
+    assert torch.equal(lp, lp_plain)
+    for name, g in grads.items():
+        assert torch.allclose(grads_plain[name], g, rtol=1e-6, atol=1e-7), name
