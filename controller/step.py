@@ -131,7 +131,8 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     try:
         gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics, early)
     except BaseException:
-        early and early.task and early.task.cancel()  # the step fails: its log-probs are not waited for
+        if early is not None and early.task is not None:
+            early.task.cancel()  # the step fails: its log-probs are not waited for
         raise
     metrics.update(sampling_metrics)
     lp = await early.result(gen) if early is not None else None
@@ -324,9 +325,7 @@ def check_finite(tensors: dict[str, torch.Tensor], mask: torch.Tensor) -> None:
     """ValueError naming the first tensor (in the order data flows) with NaN or inf where it
     counts ([B] per row, or [B, R] on response tokens), and the rows, before any update sees it."""
     for name, t in tensors.items():
-        bad = ~torch.isfinite(t)
-        if t.dim() == 2:
-            bad = bad & mask.bool()
+        bad = ~torch.isfinite(t) & mask.bool() if t.dim() == 2 else ~torch.isfinite(t)
         rows = bad.reshape(len(t), -1).any(-1).nonzero().flatten().tolist()
         if rows:
             raise ValueError(f"advantages: not computed: '{name}' has NaN or inf in rows {rows[:8]}"
