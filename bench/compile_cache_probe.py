@@ -10,6 +10,8 @@ seconds (torch's split: frames, backends, inductor, code generation) and how the
 AOT-autograd caches answered, then the second run's figures over the first's. A second run that still
 compiles for long, or shows an AOT bypass, is what a service's first step pays on every restart.
 --fused turns on megatron's fused activation (as the GPU build does) to show it is kept out of the graph.
+Each run also says how many compile threads inductor chose and whether its worker pool was up at the
+end; --compile-threads N sets TORCHINDUCTOR_COMPILE_THREADS to compare.
 """
 from __future__ import annotations
 
@@ -67,8 +69,13 @@ def work(a) -> dict:
         step(length, grad)
     if cuda:
         torch.cuda.synchronize()
+    from torch._inductor import async_compile
+
+    # inductor compiles kernels in a worker pool only once the pool is up: otherwise in this process,
+    # one at a time (code generation then holds what the pool would have spread over its workers)
     return {"wall_s": time.time() - t0, "device": torch.cuda.get_device_name() if cuda else "cpu",
-            **compile_times()}
+            "compile_threads": async_compile.get_compile_threads(),
+            "pool_used": bool(async_compile.AsyncCompile.use_process_pool()), **compile_times()}
 
 
 def main(argv=None) -> int:
@@ -77,6 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--fused", action="store_true", help="megatron's fused activation on, as on GPUs")
     p.add_argument("--cache-dir", help="default: a new temporary directory (both runs share it)")
+    p.add_argument("--compile-threads", type=int, help="TORCHINDUCTOR_COMPILE_THREADS for both runs")
     p.add_argument("--port", type=int, default=29561)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -87,6 +95,8 @@ def main(argv=None) -> int:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
                TRITON_CACHE_DIR=os.path.join(cache, "triton"),
                PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    if a.compile_threads:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(a.compile_threads)
     args = [sys.executable, os.path.abspath(__file__), "--child", "--layers", str(a.layers), "--hidden", str(a.hidden),
             "--port", str(a.port), *(["--fused"] if a.fused else [])]
     runs = []
@@ -98,7 +108,9 @@ def main(argv=None) -> int:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         runs.append(r)
         caches = ", ".join(f"{k} {r[k]}" for k in r if "cache" in k)
-        print(f"run {i} ({r['device']}, cache {cache}): wall {r['wall_s']:.1f} s, compile {r['total']:.1f} s "
+        print(f"run {i} ({r['device']}, {r['compile_threads']} compile threads, worker pool "
+              f"{'used' if r['pool_used'] else 'not used'}, cache {cache}): "
+              f"wall {r['wall_s']:.1f} s, compile {r['total']:.1f} s "
               f"(tracing {r['frame_s'] - r['backend_s']:.1f}, backends {r['backend_s']:.1f}, inductor "
               f"{r['inductor_s']:.1f}, code gen {r['code_gen_s']:.1f}); {caches}", flush=True)
     print(f"second run / first: compile {runs[1]['total'] / max(runs[0]['total'], 1e-9):.2f}x, "

@@ -150,6 +150,8 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                     split = phases.setdefault(e.get("rl_step"), {})
                     for k in COMPILE_PHASES:
                         split[k] = split.get(k, 0.0) + e.get(k, 0.0)
+                    split["calls"] = split.get("calls", 0) + 1  # and in how many inductor's worker pool was up
+                    split["pool_up"] = split.get("pool_up", 0) + int(bool(e.get("compile_pool_up")))
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GBs each; metrics and logs stay
     return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "wall_s": wall,
             "run_dir": run_dir, "timed_out": timed_out}
@@ -268,7 +270,8 @@ def _split(x: dict) -> str:
     split = (f"; of the compile: tracing {p['frame_s'] - p.get('backend_s', 0.0):.1f} s, backends "
              f"{p.get('backend_s', 0.0):.1f} s (inductor {p.get('inductor_s', 0.0):.1f}, code gen "
              f"{p.get('code_gen_s', 0.0):.1f}, compile-worker waits {p.get('async_compile_wait_s', 0.0):.1f})")
-    return split + _caches(p)
+    pool = f"; compile worker pool up after {p.get('pool_up', 0):.0f} of {p.get('calls', 0):.0f} compiling calls"
+    return split + _caches(p) + pool
 
 
 def _caches(p: dict) -> str:

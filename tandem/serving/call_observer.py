@@ -13,7 +13,8 @@ Compile time: after a call in which this process spent time in torch.compile (dy
 `torch._dynamo.utils.calculate_time_spent`) or capturing CUDA graphs
 (tandem/generation/graphs.py), one log line `compile.spent` with both (bench/e2e_step.py reads them)
 and torch's split of the compile time (frame_s, backend_s, inductor_s, code_gen_s, async_compile_wait_s)
-and its caches' answers (fx_cache_hit / _miss / _bypass, aot_cache_hit / _miss / _bypass; only those that moved).
+and its caches' answers (fx_cache_hit / _miss / _bypass, aot_cache_hit / _miss / _bypass; only those that moved),
+and inductor's compile worker pool (compile_threads, compile_pool_up).
 
 Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
 the rank-group protocol (rank_group.py).
@@ -55,6 +56,18 @@ def compile_times() -> dict[str, float]:
             **{k: counters[group][key] for k, (group, key) in CACHE_COUNTS.items()}}
 
 
+def compile_pool() -> dict:
+    """Inductor's kernel-compile worker pool as it stands (without starting it): its thread count and
+    whether it is up. Kernels compiled while it is not are compiled one at a time in this process."""
+    try:
+        from torch._inductor import async_compile, config
+
+        ready = async_compile.AsyncCompile._ready_future
+        return {"compile_threads": config.compile_threads, "compile_pool_up": bool(ready is not None and ready.done())}
+    except (ImportError, AttributeError):  # pragma: no cover - another torch's internals
+        return {}
+
+
 def capture_seconds() -> float:
     from tandem.generation.graphs import CAPTURE_SECONDS
 
@@ -87,6 +100,7 @@ class CallObserver:
         if dc > 1e-3 or dg > 1e-3:  # phases: torch's split of compile_s (tracing = frame_s - backend_s)
             phases = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in PHASES if k in c1}
             phases.update({k: c1[k] - c0.get(k, 0) for k in CACHE_COUNTS if c1.get(k, 0) - c0.get(k, 0)})
+            phases.update(compile_pool())
             _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3),
                       **phases)
 

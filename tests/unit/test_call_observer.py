@@ -64,3 +64,4 @@ def test_compile_spent_says_how_the_on_disk_cache_answered(tmp_path, monkeypatch
         spent += [e for e in logs if e["event"] == "compile.spent"]
     assert [s.get("fx_cache_miss", 0) for s in spent] == [1, 0]
     assert [s.get("fx_cache_hit", 0) for s in spent] == [0, 1]
+    assert all(isinstance(s["compile_pool_up"], bool) and s["compile_threads"] >= 1 for s in spent)
