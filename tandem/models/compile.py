@@ -9,6 +9,11 @@ same code on parameters of the same shapes, so one compiled graph serves them al
 micro-batches change their token count every step. Only the layers are compiled: the
 embedding, the LM head, the loss and megatron's schedule and DDP hooks stay eager.
 
+So that a later run loads these graphs from torch's on-disk caches instead of compiling them again,
+no torch.autograd.Function may be in them (AOTAutograd's cache refuses those): the compiled layers'
+linears get a plain matmul forward where they have nothing to communicate, and their MLP the unfused
+activation. And every layer gets its input with the same strides (one graph for all, the first too).
+
 A layer called with an inference context (generation on the megatron modules: KV cache,
 CUDA graphs of its own) runs eagerly. If compiling fails, every layer falls back to eager
 with a warning, as `nn.Module.compile` alone would not.
