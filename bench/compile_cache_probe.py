@@ -4,8 +4,9 @@
 
 Runs the same work twice, each time in a fresh process on one cache directory (torch's inductor and
 triton caches, as `services.compile_cache_dir` sets them): a megatron GPTModel whose layers are compiled
-as the actor compiles them (tandem/models/compile.py), a packed forward without grad at two lengths,
-then forward and backward at two lengths (bf16 on a GPU, fp32 on CPU). Each run prints its compile
+as the actor compiles them (tandem/models/compile.py), run through the actor's schedule
+(tandem/train/schedule.py): forward-only at two packed lengths, then training at two lengths (bf16 on a
+GPU, fp32 on CPU). Each run prints its compile
 seconds (torch's split: frames, backends, inductor, code generation) and how the FX-graph and
 AOT-autograd caches answered, then the second run's figures over the first's. A second run that still
 compiles for long, or shows an AOT bypass, is what a service's first step pays on every restart.
@@ -32,15 +33,14 @@ def work(a) -> dict:
     from tandem.data.batch import DataProto
     from tandem.models import compile as layer_compile
     from tandem.models.build import build_gpt_model
-    from tandem.models.packing import PackedOutput, Packing, packed_rope, selected_outputs
     from tandem.models.spec import ModelShape
     from tandem.parallel.layout import ParallelConfig, init_distributed
-    from tandem.serving.call_observer import compile_times
+    from tandem.serving.call_observer import compile_pool, compile_times
     from tandem.train.losses import response_log_probs
+    from tandem.train.schedule import reads_responses_only, run_schedule
 
     init_distributed(ParallelConfig(), 0, 1, f"tcp://127.0.0.1:{a.port}", seed=1)
     cuda = torch.cuda.is_available()
-    dev = torch.device("cuda" if cuda else "cpu")
     shape = ModelShape(vocab_size=1024, hidden_size=a.hidden, num_hidden_layers=a.layers, num_attention_heads=4,
                        num_key_value_heads=2, intermediate_size=2 * a.hidden, max_position_embeddings=512,
                        attention_bias=True)
@@ -49,33 +49,27 @@ def work(a) -> dict:
         model.config.bias_activation_fusion = True
     layer_compile.compile_layers(model)
 
-    def step(length: int, grad: bool) -> None:
-        ids = torch.randint(2, 1000, (4, length), device=dev)
-        mask = torch.ones(4, length, dtype=torch.long, device=dev)
+    def rows(length: int) -> DataProto:  # 4 rows, one left-padded; the second half is the response
+        ids = torch.randint(2, 1000, (4, length))
+        mask = torch.ones(4, length, dtype=torch.long)
         mask[0, : length // 3] = 0
-        half = length // 2
-        mb = DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, half:],
-                                "response_mask": mask[:, half:]})
-        p = Packing(mask)
-        p.keep_responses(length - half)
-        with torch.set_grad_enabled(grad), packed_rope(model, p, dev), selected_outputs(model, p, dev):
-            out = model(p.pack(ids), None, None, packed_seq_params=p.params(dev))
-            lp, ent = response_log_probs(PackedOutput(out, p), mb, 1.0, with_entropy=grad, entropy_grad=grad)
-            if grad:
-                ((lp - 0.01 * ent) * mb["response_mask"]).sum().backward()
+        return DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, length // 2:],
+                                  "response_mask": mask[:, length // 2:]})
 
-    t0 = time.time()
-    for length, grad in ((64, False), (80, False), (64, True), (96, True)):
-        step(length, grad)
+    @reads_responses_only
+    def loss_fn(output, mb):  # as the actor's: log-probs, and the entropy when training
+        training = torch.is_grad_enabled()
+        lp, ent = response_log_probs(output, mb, 1.0, with_entropy=training, entropy_grad=training)
+        loss = (lp * mb["response_mask"]).sum() - (0.01 * (ent * mb["response_mask"]).sum() if training else 0)
+        return loss, 1, {}
+
+    t0 = time.time()  # the actor's schedule: forward-only at two lengths, then training at two lengths
+    run_schedule(model, [rows(64), rows(80)], loss_fn, forward_only=True)
+    run_schedule(model, [rows(64), rows(96)], loss_fn, forward_only=False)
     if cuda:
         torch.cuda.synchronize()
-    from torch._inductor import async_compile
-
-    # inductor compiles kernels in a worker pool only once the pool is up: otherwise in this process,
-    # one at a time (code generation then holds what the pool would have spread over its workers)
     return {"wall_s": time.time() - t0, "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "compile_threads": async_compile.get_compile_threads(),
-            "pool_used": bool(async_compile.AsyncCompile.use_process_pool()), **compile_times()}
+            **compile_pool(), **compile_times()}
 
 
 def main(argv=None) -> int:
@@ -107,9 +101,9 @@ def main(argv=None) -> int:
             return out.returncode
         r = json.loads(out.stdout.strip().splitlines()[-1])
         runs.append(r)
-        caches = ", ".join(f"{k} {r[k]}" for k in r if "cache" in k)
+        caches = ", ".join(f"{k} {r[k]}" for k in r if "_cache_" in k)
         print(f"run {i} ({r['device']}, {r['compile_threads']} compile threads, worker pool "
-              f"{'used' if r['pool_used'] else 'not used'}, cache {cache}): "
+              f"{'up' if r['compile_pool_up'] else 'not up'} at the end, cache {cache}): "
               f"wall {r['wall_s']:.1f} s, compile {r['total']:.1f} s "
               f"(tracing {r['frame_s'] - r['backend_s']:.1f}, backends {r['backend_s']:.1f}, inductor "
               f"{r['inductor_s']:.1f}, code gen {r['code_gen_s']:.1f}); {caches}", flush=True)

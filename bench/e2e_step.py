@@ -45,11 +45,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_roofline as roof  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tandem.serving import call_observer as observed  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # verl's timing_s/* (controller/step.py)
-# compile.spent's split of the compile time, and its caches' answers
-COMPILE_PHASES = ["frame_s", "backend_s", "inductor_s", "code_gen_s", "async_compile_wait_s",
-                  "fx_cache_hit", "fx_cache_miss", "fx_cache_bypass", "aot_cache_hit", "aot_cache_miss", "aot_cache_bypass"]
+COMPILE_PHASES = [*observed.PHASES, *observed.CACHE_COUNTS]  # compile.spent's split of the time, its caches' answers
 
 
 def variant_keys(text: str) -> list[str]:
@@ -139,7 +140,7 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
         raise RuntimeError(f"{name}: tandem run {why} after {wall:.0f} s, {len(steps)} steps (log {log}):\n{tail}")
     run_dir = runs[-1]
     spent: dict = {}
-    phases: dict = {}  # rl_step -> torch's split of the compile time (tandem/serving/call_observer.py PHASES)
+    phases: dict = {}  # rl_step -> summed COMPILE_PHASES
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
         with open(path) as f:
             for line in f:
@@ -214,7 +215,8 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "mfu_train": mfu_train / r["matmul_flops"], "mfu_logprob": mfu_lp / r["matmul_flops"],
             "roofline_s": roof_s, "roof_parts": {k: statistics.median(x[k] for x in lines) for k in lines[0]},
             "fraction": roof_s / step_s, "other_s": other, "first_step_s": first,
-            "first_compile_s": c1[0], "first_capture_s": c1[1], "first_compile_phases": res["compile_phases"].get(1, {}),
+            "first_compile_s": c1[0], "first_capture_s": c1[1],
+            "first_compile_phases": res["compile_phases"].get(1, {}),
             "before_compile_s": c0[0], "before_capture_s": c0[1], "wall_s": res["wall_s"], "steps": len(steps),
             "response_mean": med("response_length/mean"), "prompt_mean": med("prompt_length/mean"),
             "probs_diff_max": max((m.get("training/rollout_probs_diff_max", 0.0) for m in steps), default=0.0),

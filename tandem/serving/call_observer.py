@@ -99,8 +99,8 @@ class CallObserver:
         dc = c1.get("total", 0.0) - c0.get("total", 0.0)
         if dc > 1e-3 or dg > 1e-3:  # phases: torch's split of compile_s (tracing = frame_s - backend_s)
             phases = {k: round(c1[k] - c0.get(k, 0.0), 3) for k in PHASES if k in c1}
-            phases.update({k: c1[k] - c0.get(k, 0) for k in CACHE_COUNTS if c1.get(k, 0) - c0.get(k, 0)})
-            phases.update(compile_pool())
+            moved = {k: c1.get(k, 0) - c0.get(k, 0) for k in CACHE_COUNTS}
+            phases.update({k: n for k, n in moved.items() if n}, **compile_pool())
             _log.info("compile.spent", method=name, rl_step=step, compile_s=round(dc, 3), graph_capture_s=round(dg, 3),
                       **phases)
 
