@@ -65,7 +65,7 @@ def main() -> None:
     build.FUSE_ON_GPU = not a.unfused
 
     init_distributed(ParallelConfig(), 0, 1, seed=1)
-    print(f"varlen attention: {'torch varlen_attn' if attention._varlen_attn is not None else 'padded SDPA'}")
+    print(f"varlen attention: {'flash varlen (aten)' if attention._varlen_attn is not None else 'padded SDPA'}")
     shape, model, ddp, opt = mfu.build(a.shape, compiled=not a.eager)
     batch = mfu.actor_batch(mfu.SHAPES[a.shape]["batch"])[0]
     rows = len(batch)

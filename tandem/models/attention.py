@@ -92,30 +92,18 @@ class SDPAttention(MegatronModule):
 
 
 def _load_varlen():
-    """torch's varlen flash attention (torch >= 2.10), adapted to its signature of the day."""
-    try:
-        import inspect
-
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
+    """Varlen flash attention: torch's `aten._flash_attention_forward` with cu_seqlens (GQA
+    native; its backward is autograd's). Called directly rather than through
+    `torch.nn.attention.varlen.varlen_attn`: that is a Python custom op (dispatch, logging and a
+    zeros kernel on every call), measured at ~0.28 ms of host time per layer call on an H200
+    with the GPU idle meanwhile in the forward-only passes; inside compiled layers the aten op
+    is one extern kernel call."""
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None:
         return None
-    names = inspect.signature(varlen_attn).parameters
 
     def call(q, k, v, cu, max_len, scale, gqa):
-        kwargs = {}
-        if gqa and "enable_gqa" not in names:  # older signature: expand the key/value heads
-            k, v = _expand_heads(k, q.shape[1]), _expand_heads(v, q.shape[1])
-        elif gqa:
-            kwargs["enable_gqa"] = True
-        if "scale" in names:
-            kwargs["scale"] = scale
-        else:  # its fixed scale is 1/sqrt(d)
-            q = q * (scale * math.sqrt(q.shape[-1]))
-        if "is_causal" in names:
-            kwargs["is_causal"] = True
-        else:
-            kwargs["window_size"] = (-1, 0)
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+        return op(q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)[0]
     return call
 
 

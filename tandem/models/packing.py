@@ -14,7 +14,8 @@ RoPE: megatron's own THD RoPE loops over the sequences in Python, per layer, wit
 host-device copies (measured: ~40% of a 0.5B actor step on an H200). Instead the model's
 rotary module returns one angle row per packed token (`packed_rope`), and megatron
 applies it in one vectorised op, as for unpacked batches (cu_seqlens are left out of
-PackedSeqParams so that it does; attention reads its own copy).
+PackedSeqParams so that it does; attention reads its own copy). Those rows come as a cos / sin
+table where it can (tandem/models/rope_table.py): computed once per forward, not per layer.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from contextlib import contextmanager
 import torch
 from megatron.core.utils import unwrap_model
 
+from tandem.models import rope_table
 from tandem.parallel.device import to_device
 
 
@@ -147,7 +149,8 @@ def take_positions(output, first: int, width: int) -> torch.Tensor:
 @contextmanager
 def packed_rope(model, packing: Packing, device: torch.device):
     """While active, the GPTModel's rotary module returns [N, 1, d] angles: row i is the
-    angle of packed token i at its position within its own sequence."""
+    angle of packed token i at its position within its own sequence; where megatron applies
+    them with plain rotate-half, their [N, 1, 2d] cos / sin table (tandem/models/rope_table.py)."""
     rope = getattr(unwrap_model(model), "rotary_pos_emb", None)
     if rope is None:
         yield
@@ -155,12 +158,19 @@ def packed_rope(model, packing: Packing, device: torch.device):
     if not getattr(rope, "_tandem_packable", False):
         original = rope.forward
 
+        gpt = unwrap_model(model)
+        as_table = rope_table.usable(gpt.config)
+        if as_table:
+            rope_table.install()
+            dtype = next(gpt.parameters()).dtype  # the activations'
+
         def forward(max_seq_len, *args, **kwargs):
             positions = getattr(rope, "tandem_positions", None)
             if positions is None:
                 return original(max_seq_len, *args, **kwargs)
             emb = original(int(rope.tandem_max_len), *args, **kwargs)  # [S, 1, 1, d]
-            return emb[positions].squeeze(1)
+            # cos / sin once per forward, not in every layer
+            return rope_table.rows(emb, positions, dtype) if as_table else emb[positions].squeeze(1)
 
         rope.forward = forward
         rope._tandem_packable = True

@@ -40,11 +40,11 @@ def _loss_and_grads(model, drop_last: bool = False):
     model.zero_grad(set_to_none=True)
     p = Packing(mask)
     p.keep_responses(4)
-    cpu = torch.device("cpu")
-    with packed_rope(model, p, cpu), selected_outputs(model, p, cpu):
-        out = model(p.pack(ids), None, None, packed_seq_params=p.params(cpu))
+    dev = next(model.parameters()).device  # CPU in CI; the GPU's where there is one
+    with packed_rope(model, p, dev), selected_outputs(model, p, dev):
+        out = model(p.pack(ids).to(dev), None, None, packed_seq_params=p.params(dev))
     lp, ent = response_log_probs(PackedOutput(out, p), mb, 1.0, with_entropy=True, entropy_grad=True)
-    ((lp - 0.1 * ent) * mb["response_mask"]).sum().backward()
+    ((lp - 0.1 * ent) * mb["response_mask"].to(dev)).sum().backward()
     return lp.detach(), {n: q.grad.clone() for n, q in model.named_parameters()}
 
 
@@ -62,6 +62,7 @@ def test_compiled_layers_match_eager(megatron_dist):
             scale = g.abs().max().clamp(min=1e-3)
             assert (grads[name] - g).abs().max() / scale < 1e-4, name
     assert counters["stats"]["calls_captured"] > captured  # the layers ran through dynamo
+    assert not layer_compile._CompiledCall.failed  # compiled, not fallen back to eager
 
 
 def test_generation_calls_and_compiler_failures_run_eagerly(megatron_dist, monkeypatch):
@@ -122,3 +123,40 @@ def test_plain_linears_give_megatrons_outputs_and_gradients(megatron_dist):
     assert torch.equal(lp, lp_plain)
     for name, g in grads.items():
         assert torch.allclose(grads_plain[name], g, rtol=1e-6, atol=1e-7), name
+
+
+def test_no_grad_and_training_forwards_agree_bitwise(megatron_dist):
+    """The old log-prob pass (no grad) and the update's forward (grad) run different compiled graphs;
+    in bf16 they must give identical log-probs, or an on-policy update's ppo_kl is not 0. (RoPE's
+    cos / sin rounded inside the graphs broke this: tandem/models/rope_table.py rows.)"""
+    from tandem.data.batch import DataProto
+    from tandem.models.build import build_gpt_model
+    from tandem.models.spec import ModelShape
+    from tandem.train.losses import response_log_probs
+
+    torch.manual_seed(0)
+    shape = ModelShape(vocab_size=64, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=256, max_position_embeddings=512,
+                       attention_bias=True, init_std=0.05)
+    model = build_gpt_model(shape).train().to(torch.bfloat16)
+    layer_compile.compile_layers(model)
+    g = torch.Generator().manual_seed(0)
+    b, p_len, r_len = 6, 40, 30
+    ids = torch.randint(2, 64, (b, p_len + r_len), generator=g)
+    mask = torch.ones(b, p_len + r_len, dtype=torch.long)
+    for i in range(b):
+        mask[i, : (i * 5) % p_len] = 0
+        mask[i, p_len + 10 + i:] = 0
+    mb = DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, p_len:],
+                            "response_mask": mask[:, p_len:]})
+    dev = next(model.parameters()).device
+
+    def log_probs(grad: bool):
+        p = Packing(mask)
+        p.keep_responses(r_len)
+        with torch.set_grad_enabled(grad), packed_rope(model, p, dev), selected_outputs(model, p, dev):
+            out = model(p.pack(ids).to(dev), None, None, packed_seq_params=p.params(dev))
+            return response_log_probs(PackedOutput(out, p), mb, 1.0, with_entropy=False)[0].detach()
+
+    assert torch.equal(log_probs(False), log_probs(True))
+    assert not layer_compile._CompiledCall.failed

@@ -49,7 +49,7 @@ def test_packed_forward_equals_padded(model):
     padded = forward_logits(model, ids, mask)  # [B, T, V], 4D padding mask
     p = Packing(mask, multiple=3)  # with a filler sequence
     with packed_rope(model, p, ids.device):  # one angle row per packed token, not megatron's per-sequence loop
-        assert model.rotary_pos_emb(p.max_seqlen).shape[:2] == (p.total, 1)
+        assert model.rotary_pos_emb(p.max_seqlen).shape == (p.total, 1, 2 * 16)  # cos / sin (tandem/models/rope_table.py)
         out = PackedOutput(model(p.pack(ids), None, None, packed_seq_params=p.params(ids.device)), p)
     got = take_positions(out, 0, 9)
     real = mask.bool()
