@@ -60,7 +60,8 @@ def work(a) -> dict:
     def loss_fn(output, mb):  # as the actor's: log-probs, and the entropy when training
         training = torch.is_grad_enabled()
         lp, ent = response_log_probs(output, mb, 1.0, with_entropy=training, entropy_grad=training)
-        loss = (lp * mb["response_mask"]).sum() - (0.01 * (ent * mb["response_mask"]).sum() if training else 0)
+        mask = mb["response_mask"].to(lp.device)  # the rows stay on the host; log-probs come back on the GPU
+        loss = (lp * mask).sum() - (0.01 * (ent * mask).sum() if training else 0)
         return loss, 1, {}
 
     t0 = time.time()  # the actor's schedule: forward-only at two lengths, then training at two lengths

@@ -1,13 +1,13 @@
 """Packed causal attention for the actor's training step: forward + backward per layer call,
-torch's varlen flash attention (the actor's GPU path) against the alternatives torch ships.
+torch's varlen flash attention (the actor's GPU path, through its aten op) against the alternatives torch ships.
 
     python bench/packed_attention.py [--shapes 0.5b,1.5b] [--reps 20]
 
 The sequences are bench/actor_update_mfu.py's actor batch (prompts 512-1024 + responses
 256-1024 tokens, packed without padding: [t, heads, d] with cu_seqlens), bf16, Qwen2.5
 head layouts (GQA). Backends:
-  varlen      tandem.models.attention's GPU path: torch.nn.attention.varlen (FA2); the
-              key/value heads are expanded first where its signature has no enable_gqa
+  varlen      tandem.models.attention's GPU path: torch's FA2 on the ragged batch
+              (aten._flash_attention_forward with cu_seqlens; GQA heads as they are)
   cudnn       aten._cudnn_attention_forward on the ragged batch (cum_seq_q/k, as torch's
               nested-tensor SDPA calls it), GQA heads as they are; autograd through
               aten._cudnn_attention_backward

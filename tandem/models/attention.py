@@ -11,7 +11,7 @@ is causal and sq == sk (training, prefill without padding), else attend everywhe
 
 Packed batches (megatron's THD format, tandem/models/packing.py): q, k, v come as
 [t, heads, d] with cu_seqlens; attention is causal within each sequence. On GPUs this is
-torch's varlen flash attention; elsewhere (or if that is missing) one causal SDPA over the
+torch's varlen flash attention (fp16 / bf16); elsewhere one causal SDPA over the
 sequences right-padded to the longest (one call per layer: a call per sequence made the CPU
 path's training steps ~2-3x slower).
 """
@@ -77,7 +77,7 @@ class SDPAttention(MegatronModule):
         """[t, np, hn] x 3, causal within each sequence of cu_seqlens -> [t, np * hn]."""
         gqa = self.heads_per_partition != self.groups_per_partition
         segments = getattr(params, "tandem_segments", None)  # shared prompts (tandem/models/shared_prompts.py)
-        if q.is_cuda and _varlen_attn is not None and segments is None:
+        if q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen_attn is not None and segments is None:
             out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale, gqa)
         else:  # one causal SDPA over the sequences right-padded to the longest: a sequence's
             # padding comes after its tokens, so causality alone keeps it out of their attention
@@ -115,3 +115,4 @@ def _expand_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 _varlen_attn = _load_varlen()
+_FLASH_DTYPES = (torch.float16, torch.bfloat16)  # flash attention's; fp32 on a GPU takes the padded SDPA

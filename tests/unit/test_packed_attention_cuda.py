@@ -43,3 +43,22 @@ def test_flash_varlen_equals_padded_sdpa(compiled):
     ref = torch.autograd.grad(want, (q, k, v), grad)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=5e-2, rtol=5e-2)
+
+
+def test_fp32_on_a_gpu_takes_the_padded_path():
+    """Flash attention takes fp16 / bf16 only: an fp32 model on a GPU attends through padded SDPA."""
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    from tandem.models.attention import SDPAttention
+
+    seqlens = [7, 30, 12]
+    q, k, v, cu = (x.detach().float() if x.is_floating_point() else x for x in _inputs(seqlens))
+    att = SDPAttention.__new__(SDPAttention)
+    att.heads_per_partition, att.groups_per_partition, att.softmax_scale = 8, 2, 0.125
+    params = PackedSeqParams(qkv_format="thd", max_seqlen_q=max(seqlens), max_seqlen_kv=max(seqlens))
+    params.tandem_cu_seqlens = cu
+    seq = torch.repeat_interleave(torch.arange(3), torch.tensor(seqlens))
+    pos = torch.cat([torch.arange(n) for n in seqlens])
+    params.tandem_pad_index = (seq, pos)
+    out = att._packed(q, k, v, params)
+    torch.testing.assert_close(out.view(-1, 8, 64), _padded(q, k, v, cu, seqlens, 0.125), atol=1e-4, rtol=1e-4)
