@@ -2,16 +2,17 @@
 
 megatron's unfused RoPE takes the angles and computes cos and sin inside each attention
 (`_apply_rotary_pos_emb_bshd`). Compiled, inductor fuses those into the kernel that splits
-q / k / v, so every layer recomputes fp32 sin and cos for every head of every token, and
-with angles up to position x 1 rad, at the slow range-reduction path: measured 117 us per
-layer call on an H200 for a 0.5B micro-batch of 11k tokens, ~10x the bytes that kernel moves.
+q / k / v, so every layer recomputes fp32 sin and cos for every head of every token (angles
+reach hundreds of radians: the costly range reduction, we think): measured 117 us per layer
+call on an H200 for a 0.5B micro-batch of 11k tokens, ~10x what that kernel's bytes take.
 
 Here the packed rotary module (tandem/models/packing.py) hands megatron a table instead of
 the angles: [N, 1, 2r] = [cos | sin] of the [N, 1, r] angles, and megatron's attention calls
 `apply_rotary_pos_emb`, which this module replaces in megatron's attention module by a
 version that takes the table and otherwise calls megatron's own. A table is told apart by
 its width: megatron's angles are never wider than the head (it rotates their width and
-passes the rest through). Same arithmetic as megatron's: `(cos(angles) * mscale).to(dtype)`.
+passes the rest through). The values are megatron's `(cos(angles) * mscale).to(dtype)` (at
+mscale 1; another mscale scales the rounded table: close, not bit-identical).
 
 Only for what megatron computes with plain rotate-half (no interleaving, no multi-latent
 attention, no fused TE kernel): `usable(config)`.
