@@ -8,7 +8,10 @@ tandem/serving/call_observer.py) and prints
 - the step's span, the GPU's busy time (union of kernel and memcpy/memset intervals) and its share;
 - the longest gaps between GPU activity, each with the call it falls in (`<target>.<method>`
   ranges, e.g. `actor.compute_log_prob`) and the host ops running across it: what the GPU waited for;
-- the calls by wall time, and the top kernels and top host ops by total time.
+- the calls by wall time, and the top kernels and top host ops by total time;
+- per call, its GPU kernel time by kind (GEMM, attention, Triton pointwise / reduction, other) and its GPU
+  idle time by gap length: idle spread over many short gaps means the host cannot issue kernels as
+  fast as the GPU runs them (host-bound); a few long gaps mean the GPU waits for something.
 
 On a CPU trace (no device events) the gaps are between host ops at the top level instead.
 Deliberately not here: taking the trace (the `profile` keys).
@@ -45,6 +48,41 @@ def covering(events: list[dict], t0: float, t1: float, limit: int = 3) -> list[s
     return [n for _, n in sorted(overlap, reverse=True)[:limit]]
 
 
+KINDS = (("GEMM", ("gemm", "nvjet", "cutlass", "xmma", "cublas")), ("attention", ("flash", "fmha", "attention")),
+         ("triton pointwise", ("triton_poi",)), ("triton reduction", ("triton_red", "triton_per")))
+GAP_BINS = ((50.0, "<50us"), (1000.0, "<1ms"), (float("inf"), ">=1ms"))
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    return next((k for k, keys in KINDS if any(w in low for w in keys)), "other")
+
+
+def per_call(calls: list[dict], device: list[dict], span0: float = 0.0) -> list[str]:
+    """Each call's kernel time by kind and its GPU idle time by gap length (device events only)."""
+    heads = [k for k, _ in KINDS] + ["other"]
+    lines = ["", "per call: wall ms | GPU busy ms | kernel ms by kind (" + ", ".join(heads)
+             + ") | idle ms in gaps " + " / ".join(b for _, b in GAP_BINS) + " (count)"]
+    for c in sorted(calls, key=lambda e: e["ts"]):
+        t0, t1 = c["ts"], c["ts"] + c["dur"]
+        inside = [e for e in device if t0 <= e["ts"] < t1]
+        by_kind = collections.Counter()
+        for e in inside:
+            by_kind[kind(e["name"])] += e["dur"]
+        busy = union([(e["ts"], min(e["ts"] + e["dur"], t1)) for e in inside])
+        edges = [(t0, t0)] + busy + [(t1, t1)]
+        idle, count = collections.Counter(), 0
+        for a, b in zip(edges, edges[1:]):
+            if b[0] > a[1]:
+                gap = b[0] - a[1]
+                idle[next(label for bound, label in GAP_BINS if gap < bound)] += gap
+                count += 1
+        lines.append(f"  {c['name']} at +{(t0 - span0) / 1e3:.1f} ms: {c['dur'] / 1e3:.1f} | {sum(b - a for a, b in busy) / 1e3:.1f} | "
+                     + " / ".join(f"{by_kind[k] / 1e3:.1f}" for k in heads) + " | "
+                     + " / ".join(f"{idle[label] / 1e3:.1f}" for _, label in GAP_BINS) + f" ({count})")
+    return lines
+
+
 def report(events: list[dict], top: int) -> list[str]:
     device = [e for e in events if e.get("cat") in DEVICE_CATS]
     calls = [e for e in events if e.get("cat") == "user_annotation"]
@@ -73,6 +111,8 @@ def report(events: list[dict], top: int) -> list[str]:
         lines += ["", title + ":"]
         for name, (us, n) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]:
             lines.append(f"  {us / 1e3:9.2f} {n:6d}  {name[:110]}")
+    if device:
+        lines += per_call(calls, device, span0)
     return lines
 
 
