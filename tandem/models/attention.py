@@ -95,9 +95,9 @@ def _load_varlen():
     """Varlen flash attention: torch's `aten._flash_attention_forward` with cu_seqlens (GQA
     native; its backward is autograd's). Called directly rather than through
     `torch.nn.attention.varlen.varlen_attn`: that is a Python custom op (dispatch, logging and a
-    zeros kernel on every call), measured at ~0.28 ms of host time per layer call on an H200
-    with the GPU idle meanwhile in the forward-only passes; inside compiled layers the aten op
-    is one extern kernel call."""
+    zeros kernel on every call): ~0.28 ms of host time per layer call on an H200 under the
+    profiler, in passes whose GPU waited for the host; inside compiled layers the aten op is
+    one extern kernel call."""
     op = getattr(torch.ops.aten, "_flash_attention_forward", None)
     if op is None:
         return None
