@@ -38,7 +38,7 @@ HEADS = {"0.5b": (14, 2, 64, 8), "1.5b": (12, 2, 128, 4)}  # heads, kv heads, he
 def varlen(q, k, v, cu, max_len, scale):
     from tandem.models.attention import _varlen_attn
 
-    return _varlen_attn(q, k, v, cu, max_len, scale, q.shape[1] != k.shape[1])
+    return _varlen_attn(q, k, v, cu, max_len, scale)
 
 
 def cudnn(q, k, v, cu, max_len, scale, expand=False):

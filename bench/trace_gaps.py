@@ -41,6 +41,12 @@ def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in out]
 
 
+def idle(busy: list[tuple[float, float]], t0: float, t1: float) -> list[tuple[float, float, float]]:
+    """(length, start, end) of every gap in [t0, t1] between the merged busy intervals."""
+    edges = [(t0, t0)] + busy + [(t1, t1)]
+    return [(b[0] - a[1], a[1], b[0]) for a, b in zip(edges, edges[1:]) if b[0] > a[1]]
+
+
 def covering(events: list[dict], t0: float, t1: float, limit: int = 3) -> list[str]:
     """Names of the events overlapping [t0, t1], longest overlap first."""
     overlap = [(min(e["ts"] + e["dur"], t1) - max(e["ts"], t0), e["name"]) for e in events
@@ -70,16 +76,13 @@ def per_call(calls: list[dict], device: list[dict], span0: float = 0.0) -> list[
         for e in inside:
             by_kind[kind(e["name"])] += e["dur"]
         busy = union([(e["ts"], min(e["ts"] + e["dur"], t1)) for e in inside])
-        edges = [(t0, t0)] + busy + [(t1, t1)]
-        idle, count = collections.Counter(), 0
-        for a, b in zip(edges, edges[1:]):
-            if b[0] > a[1]:
-                gap = b[0] - a[1]
-                idle[next(label for bound, label in GAP_BINS if gap < bound)] += gap
-                count += 1
+        gaps = idle(busy, t0, t1)
+        by_bin = collections.Counter()
+        for gap, _, _ in gaps:
+            by_bin[next(label for bound, label in GAP_BINS if gap < bound)] += gap
         lines.append(f"  {c['name']} at +{(t0 - span0) / 1e3:.1f} ms: {c['dur'] / 1e3:.1f} | {sum(b - a for a, b in busy) / 1e3:.1f} | "
                      + " / ".join(f"{by_kind[k] / 1e3:.1f}" for k in heads) + " | "
-                     + " / ".join(f"{idle[label] / 1e3:.1f}" for _, label in GAP_BINS) + f" ({count})")
+                     + " / ".join(f"{by_bin[label] / 1e3:.1f}" for _, label in GAP_BINS) + f" ({len(gaps)})")
     return lines
 
 
@@ -95,8 +98,7 @@ def report(events: list[dict], top: int) -> list[str]:
     what = "GPU" if device else "host ops (no device events: a CPU trace)"
     lines = [f"span {(span1 - span0) / 1e3:.1f} ms; {what} busy {busy_us / 1e3:.1f} ms "
              f"({busy_us / max(span1 - span0, 1):.0%})", "", f"longest gaps of {what}:"]
-    edges = [(span0, span0)] + busy + [(span1, span1)]
-    gaps = sorted(((b[0] - a[1], a[1], b[0]) for a, b in zip(edges, edges[1:]) if b[0] > a[1]), reverse=True)
+    gaps = sorted(idle(busy, span0, span1), reverse=True)
     for dur, g0, g1 in gaps[:top]:
         lines.append(f"  {dur / 1e3:9.2f} ms at +{(g0 - span0) / 1e3:.1f} ms  in {covering(calls, g0, g1, 1) or ['-']}"
                      f"  host: {covering(host, g0, g1)}")

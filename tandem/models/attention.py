@@ -78,7 +78,7 @@ class SDPAttention(MegatronModule):
         gqa = self.heads_per_partition != self.groups_per_partition
         segments = getattr(params, "tandem_segments", None)  # shared prompts (tandem/models/shared_prompts.py)
         if q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen_attn is not None and segments is None:
-            out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale, gqa)
+            out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale)
         else:  # one causal SDPA over the sequences right-padded to the longest: a sequence's
             # padding comes after its tokens, so causality alone keeps it out of their attention
             seq, pos = (i.to(q.device) for i in params.tandem_pad_index)
@@ -102,7 +102,7 @@ def _load_varlen():
     if op is None:
         return None
 
-    def call(q, k, v, cu, max_len, scale, gqa):
+    def call(q, k, v, cu, max_len, scale):  # GQA: fewer key / value heads, as they are
         return op(q, k, v, cu, cu, max_len, max_len, 0.0, True, False, scale=scale)[0]
     return call
 

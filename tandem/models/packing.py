@@ -151,14 +151,14 @@ def packed_rope(model, packing: Packing, device: torch.device):
     """While active, the GPTModel's rotary module returns [N, 1, d] angles: row i is the
     angle of packed token i at its position within its own sequence; where megatron applies
     them with plain rotate-half, their [N, 1, 2d] cos / sin table (tandem/models/rope_table.py)."""
-    rope = getattr(unwrap_model(model), "rotary_pos_emb", None)
+    gpt = unwrap_model(model)
+    rope = getattr(gpt, "rotary_pos_emb", None)
     if rope is None:
         yield
         return
     if not getattr(rope, "_tandem_packable", False):
         original = rope.forward
 
-        gpt = unwrap_model(model)
         as_table = rope_table.usable(gpt.config)
         if as_table:
             rope_table.install()

@@ -59,10 +59,11 @@ def apply(t: torch.Tensor, cos_sin: torch.Tensor, mscale: float = 1.0) -> torch.
     cos, sin = cos_sin.chunk(2, dim=-1)
     if cos.dtype != t.dtype or mscale != 1.0:
         cos, sin = (cos * mscale).to(t.dtype), (sin * mscale).to(t.dtype)
+    from megatron.core.models.common.embeddings.rope_utils import _rotate_half
+
     rot = cos.shape[-1]
     t, t_pass = t[..., :rot], t[..., rot:]
-    x1, x2 = torch.chunk(t, 2, dim=-1)
-    return torch.cat((t * cos + torch.cat((-x2, x1), dim=-1) * sin, t_pass), dim=-1)
+    return torch.cat((t * cos + _rotate_half(t, False) * sin, t_pass), dim=-1)
 
 
 def install() -> None:

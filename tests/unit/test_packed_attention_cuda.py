@@ -34,7 +34,7 @@ def test_flash_varlen_equals_padded_sdpa(compiled):
     seqlens, scale = [37, 300, 5, 129], 0.11
     q, k, v, cu = _inputs(seqlens)
     fn = torch.compile(_varlen_attn, dynamic=True) if compiled else _varlen_attn
-    out = fn(q, k, v, cu, max(seqlens), scale, True)
+    out = fn(q, k, v, cu, max(seqlens), scale)
     want = _padded(q, k, v, cu, seqlens, scale)
     assert out.shape == (sum(seqlens), 8, 64)
     torch.testing.assert_close(out, want, atol=2e-2, rtol=2e-2)
