@@ -1,6 +1,6 @@
 """Does a compiled transformer layer come back from torch's on-disk caches in a second process?
 
-    python bench/compile_cache_probe.py [--layers 2] [--hidden 256] [--fused] [--cache-dir DIR]
+    python bench/compile_cache_probe.py [--layers 2] [--hidden 256] [--fused] [--cache-dir DIR] [--profile DIR]
 
 Runs the same work twice, each time in a fresh process on one cache directory (torch's inductor and
 triton caches, as `services.compile_cache_dir` sets them): a megatron GPTModel whose layers are compiled
@@ -73,6 +73,23 @@ def work(a) -> dict:
             **compile_pool(), **compile_times()}
 
 
+def profiled(a) -> dict:
+    """work(a) under cProfile; its 60 largest functions by cumulative and by own time to a.profile (a file)."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    result = prof.runcall(work, a)
+    text = io.StringIO()
+    for key in ("cumulative", "tottime"):
+        pstats.Stats(prof, stream=text).sort_stats(key).print_stats(60)
+    os.makedirs(os.path.dirname(a.profile), exist_ok=True)
+    with open(a.profile, "w") as f:
+        f.write(text.getvalue())
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=2)
@@ -81,10 +98,11 @@ def main(argv=None) -> int:
     p.add_argument("--cache-dir", help="default: a new temporary directory (both runs share it)")
     p.add_argument("--compile-threads", type=int, help="TORCHINDUCTOR_COMPILE_THREADS for both runs")
     p.add_argument("--port", type=int, default=29561)
+    p.add_argument("--profile", metavar="DIR", help="cProfile each run's work: DIR/run{1,2}.txt, by cumulative and own time")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        print(json.dumps(work(a)), flush=True)
+        print(json.dumps(profiled(a) if a.profile else work(a)), flush=True)
         return 0
     cache = a.cache_dir or tempfile.mkdtemp(prefix="compile-cache-")
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"),
@@ -96,7 +114,8 @@ def main(argv=None) -> int:
             "--port", str(a.port), *(["--fused"] if a.fused else [])]
     runs = []
     for i in (1, 2):
-        out = subprocess.run(args, env=env, capture_output=True, text=True, check=False)
+        prof = ["--profile", os.path.join(os.path.abspath(a.profile), f"run{i}.txt")] if a.profile else []
+        out = subprocess.run(args + prof, env=env, capture_output=True, text=True, check=False)
         if out.returncode:
             print(out.stderr[-3000:], file=sys.stderr)
             return out.returncode

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from tandem.generation.sampling import sample_tokens
-from tandem.models.compile import raise_recompile_limit
+from tandem.models.compile import raise_recompile_limit, specialize_floats
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +204,7 @@ class DecodeFns:
             raise ValueError(f"compile must be a bool or one of {MODES}, got {compile!r}")
         if mode:  # one compiled graph per (function, batch size, sampling settings)
             raise_recompile_limit(64)
+            specialize_floats()  # sampling's temperature / top-p: constants, not CPU tensor inputs
         gemm = dict(options=AUTOTUNE) if mode == "autotune" and cuda else {}
         for name, fn, kw in (("embed_norm", embed_norm, {}), ("qkv_rope", qkv_rope, gemm),
                              ("proj_mlp", proj_mlp, gemm), ("head_sample", head_sample, {}),

@@ -81,6 +81,7 @@ def compile_layers(model) -> int:
             plain_linears(layer)
             plain_activation(layer)
     raise_recompile_limit(16)  # graphs are keyed by code, not layer: grad mode, dtype, layout variants
+    specialize_floats()
     _quiet_megatron_warnings()
     return len(layers)
 
@@ -152,6 +153,16 @@ def raise_recompile_limit(n: int) -> None:
     cfg = torch._dynamo.config
     limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
     setattr(cfg, limit, max(getattr(cfg, limit), n))
+
+
+def specialize_floats() -> None:
+    """Python floats as constants of the compiled graphs, guarded on their values. torch's default
+    (`specialize_float=False`) makes each float a layer reads (layernorm eps, softmax scale, dropout
+    rate, ...) and the log-probs' 1 / temperature a 0-d CPU tensor input: on a GPU that puts C++ CPU
+    kernels into the graphs, and loading those from the cache made inductor check the host's vector
+    ISA by building and loading test libraries in subprocesses: ~40 s of a warm first step on an
+    H200. The values do not change within a run, so nothing recompiles."""
+    torch._dynamo.config.specialize_float = True
 
 
 class _WarningsOutsideCompile:
