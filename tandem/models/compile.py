@@ -160,8 +160,9 @@ def specialize_floats() -> None:
     (`specialize_float=False`) makes each float a layer reads (layernorm eps, softmax scale, dropout
     rate, ...) and the log-probs' 1 / temperature a 0-d CPU tensor input: on a GPU that puts C++ CPU
     kernels into the graphs, and loading those from the cache made inductor check the host's vector
-    ISA by building and loading test libraries in subprocesses: ~40 s of a warm first step on an
-    H200. The values do not change within a run, so nothing recompiles."""
+    ISA by building and loading test libraries in subprocesses (~24 s of a warm process's first
+    compile on an H200, bench/compile_cache_probe.py --profile). The values do not change within a
+    run, so nothing recompiles."""
     torch._dynamo.config.specialize_float = True
 
 
