@@ -170,7 +170,8 @@ def test_no_grad_and_training_forwards_agree_bitwise(megatron_dist):
 def test_floats_are_constants_not_cpu_tensor_inputs(megatron_dist, monkeypatch):
     """torch's default makes each Python float a layer reads (layernorm eps, softmax scale, dropout rate)
     a 0-d CPU tensor input; on a GPU the arithmetic on them became C++ CPU kernels, and loading those
-    from the cache cost a warm first step ~40 s of host-ISA checks. They must be constants."""
+    from the cache made inductor check the host's vector ISA in subprocesses (~24 s of a warm process's
+    first compile on an H200). They must be constants."""
     inputs = []
 
     def recording(gm, example_inputs):
@@ -183,6 +184,9 @@ def test_floats_are_constants_not_cpu_tensor_inputs(megatron_dist, monkeypatch):
     torch._dynamo.reset()
     model = _model()
     layer_compile.compile_layers(model)
-    _loss_and_grads(model)
+    try:
+        _loss_and_grads(model)
+    finally:
+        torch._dynamo.reset()  # no graph of the recording backend is left for later tests
     tensors = [x for x in inputs if isinstance(x, torch.Tensor)]
     assert tensors and all(x.dim() > 0 for x in tensors), [tuple(x.shape) for x in tensors]
