@@ -204,7 +204,8 @@ class DecodeFns:
             raise ValueError(f"compile must be a bool or one of {MODES}, got {compile!r}")
         if mode:  # one compiled graph per (function, batch size, sampling settings)
             raise_recompile_limit(64)
-            specialize_floats()  # sampling's temperature / top-p: constants, not CPU tensor inputs
+            specialize_floats()  # temperature / top-p: a graph per value, never a CPU tensor input (torch's
+            # dynamic=False keeps a float constant only until a second value is seen)
         gemm = dict(options=AUTOTUNE) if mode == "autotune" and cuda else {}
         for name, fn, kw in (("embed_norm", embed_norm, {}), ("qkv_rope", qkv_rope, gemm),
                              ("proj_mlp", proj_mlp, gemm), ("head_sample", head_sample, {}),

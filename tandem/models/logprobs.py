@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from tandem.models.compile import specialize_floats
+
 
 def _tp_group():
     from megatron.core import parallel_state
@@ -102,8 +104,6 @@ _COMPILED: dict = {}
 def _compiled(name: str):
     if name not in _COMPILED:  # dynamic: the token count changes with every micro-batch
         fn = {"log_probs": _log_probs, "entropy": _entropy, "both": _both}[name]
-        from tandem.models.compile import specialize_floats
-
         specialize_floats()  # 1 / temperature a constant, not a CPU tensor input (no C++ kernel)
         _COMPILED[name] = torch.compile(fn, dynamic=True)
     return _COMPILED[name]
