@@ -5,16 +5,22 @@
                           and the device copy rate of a tensor the size of the weights
                           ((read + write) bytes / s), both in this process, before the run
     step_work(shape, m)   a step's training FLOPs, log-prob FLOPs per pass, and generation's
-                          bytes (weights + KV cache read per decode step) and prefill FLOPs,
-                          from the step's logged means (prompt_length/mean, response_length/mean)
-    roofline(work, r)     seconds at those rates: training + log-prob passes at the matmul rate,
-                          generation's decode at the copy rate plus its prefill at the matmul rate
+                          bytes (weights and KV cache read per decode step), decode GEMM FLOPs
+                          and prefill FLOPs, from the step's logged means (prompt_length/mean,
+                          response_length/mean)
+    roofline(work, r)     seconds at those rates: training + log-prob passes at the matmul rate;
+                          generation: the KV cache at the copy rate, the decode GEMMs at the
+                          slower of reading their weights and their FLOPs, prefill at the matmul rate
 
 FLOPs per token: 2 x the matmul parameters of the layers (embedding lookups are not matmuls)
 + causal attention 2 x 2 x layers x hidden x (position / 1) averaged as context / 2, and the
 LM head (2 x vocab x hidden) at response positions only (the actor runs it only there);
 training is 3x the forward (forward + backward). Means per row stand in for each row's
 lengths (attention's quadratic term is slightly under-counted when lengths vary).
+A decode step's GEMMs are bandwidth-bound at a few rows and compute-bound at hundreds (a 0.5B
+model at 512 rows: 0.25 ms to read the weights, 0.72 ms of FLOPs on an H200), so they count at
+the slower of the two; `gen_bytes_only` keeps the earlier figure (every decode byte at the copy
+rate, FLOPs ignored), which under-states generation at large batches.
 
 Deliberately not here: running steps, reports (e2e_step.py).
 """
@@ -84,7 +90,9 @@ def rates(s: dict, dev: str, dtype: torch.dtype, tokens: int = 8192) -> dict[str
 class StepWork:
     train_flops: float  # one update over the batch (all epochs)
     logprob_flops: float  # one log-prob pass over the batch
-    decode_bytes: float  # bytes generation must read (weights + KV cache, every decode step)
+    weight_bytes: float  # the weights, read once per decode step
+    kv_bytes: float  # the KV cache of every row so far, read once per decode step
+    decode_flops: float  # the decode steps' GEMMs (layers + LM head) over every generated token
     prefill_flops: float
 
 
@@ -103,11 +111,16 @@ def step_work(s: dict, m: dict, rows: int, epochs: int, bytes_per_value: int) ->
     # decode step t reads every weight once and the KV cache of every row so far (p + t tokens)
     kv = sum(rows * (p + t) * kv_per_token for t in range(steps))
     prefill = rows * p * (body + 2 * 2 * layers * h * p / 2) + rows * head
-    return StepWork(3 * forward * epochs, forward, steps * weights + kv, prefill)
+    decode_flops = rows * r * (body + head)
+    return StepWork(3 * forward * epochs, forward, steps * weights, kv, decode_flops, prefill)
 
 
 def roofline(w: StepWork, r: dict, logprob_passes: int) -> dict[str, float]:
     train = w.train_flops / r["matmul_flops"]
     logprob = logprob_passes * w.logprob_flops / r["matmul_flops"]
-    gen = w.decode_bytes / r["copy_bytes"] + w.prefill_flops / r["matmul_flops"]
-    return {"train": train, "logprob": logprob, "gen": gen, "step": train + logprob + gen}
+    bw, rate = r["copy_bytes"], r["matmul_flops"]
+    prefill = w.prefill_flops / rate
+    gen = w.kv_bytes / bw + max(w.weight_bytes / bw, w.decode_flops / rate) + prefill
+    bytes_only = (w.kv_bytes + w.weight_bytes) / bw + prefill
+    return {"train": train, "logprob": logprob, "gen": gen, "step": train + logprob + gen,
+            "gen_bytes_only": bytes_only, "step_bytes_only": train + logprob + bytes_only}

@@ -18,7 +18,9 @@ metrics.jsonl gives verl's timing_s/* per phase and perf/throughput (tokens/s/GP
 `compile.spent` log lines give what each step spent in torch.compile and CUDA graph capture
 (tandem/serving/call_observer.py). Before the runs this process measures the matmul rate at the
 model's GEMM shapes and the device copy rate (bench/e2e_roofline.py), from which each step's
-roofline: training and log-prob FLOPs at the matmul rate, generation's bytes at the copy rate.
+roofline: training and log-prob FLOPs at the matmul rate; generation's KV-cache reads at the copy
+rate and its decode GEMMs at the slower of their weight reads and their FLOPs (at 512 rows the
+FLOPs). The table also gives the step's share of the bytes-only generation bound, the earlier figure.
 
 --compare KEY=VALUE (repeatable, one variant each; `K1=V1,K2=V2`: one variant of several keys) runs
 the baseline and every variant in alternation, --repeats times, and prints each variant's step and phase times over the
@@ -225,7 +227,8 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
 
 HEAD = ("| config | step s | gen | old log-prob | ref (started with old: includes its wait) | update | reward "
         "| other (no phase timer) | tokens/s/GPU | MFU update | MFU log-prob "
-        "| roofline s (train + log-prob + gen) | step at roofline | first step s (compile + capture s) | before step 1 "
+        "| roofline s (train + log-prob + gen) | step at roofline | the same, generation's bytes only "
+        "| first step s (compile + capture s) | before step 1 "
         "compile + capture s |")
 
 
@@ -236,6 +239,7 @@ def row(x: dict) -> str:
             f"| {x['mfu_train']:.1%} "
             f"| {x['mfu_logprob']:.1%} | {x['roofline_s']:.2f} "
             f"({p['train']:.2f} + {p['logprob']:.2f} + {p['gen']:.2f}) | {x['fraction']:.0%} "
+            f"| {p['step_bytes_only']:.2f} s: {p['step_bytes_only'] / x['step_s']:.0%} "
             f"| {x['first_step_s']:.1f} ({x['first_compile_s']:.1f} + {x['first_capture_s']:.1f}) "
             f"| {x['before_compile_s']:.1f} + {x['before_capture_s']:.1f} |")
 
@@ -326,7 +330,7 @@ def main(argv=None) -> int:
               f"KL loss, {'fp32 CPU' if a.tiny else 'bf16'}, colocated; "
               f"{a.steps} steps per run, medians of steps 2..N; "
               "MFU = the phase's model FLOPs / its time / the matmul rate above",
-              "", HEAD, "| --- " * 15 + "|"]
+              "", HEAD, "| --- " * HEAD.count(" | ") + "| --- |"]
     print("\n".join(header), flush=True)
     results = os.path.join(a.out, "results.md")
     with open(results, "a") as f:

@@ -162,7 +162,8 @@ def specialize_floats() -> None:
     kernels into the graphs, and loading those from the cache made inductor check the host's vector
     ISA by building and loading test libraries in subprocesses (~24 s of a warm process's first
     compile on an H200, bench/compile_cache_probe.py --profile). The values do not change within a
-    run, so nothing recompiles."""
+    run, so nothing recompiles. Measured on an H200: the probe's warm compile 51.2 -> 2.9 s, a 0.5B
+    GRPO run's warm first step 11.0 s (1.8x a steady step; 51.7 s before)."""
     torch._dynamo.config.specialize_float = True
 
 

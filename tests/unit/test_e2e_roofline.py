@@ -31,8 +31,27 @@ def test_step_work_scales_with_rows_and_lengths():
     body = 2 * s["num_hidden_layers"] * roof.layer_params(s) * 256 * (192 + 512)
     assert one.logprob_flops > body + 2 * s["vocab_size"] * s["hidden_size"] * 256 * 512
     # 512 decode steps each read the weights once, and a KV cache that grows
-    assert one.decode_bytes > 512 * roof.weight_count(s) * 2
+    assert one.weight_bytes == 512 * roof.weight_count(s) * 2
+    assert two.kv_bytes == pytest.approx(2 * one.kv_bytes) and one.kv_bytes > 0
     r = {"matmul_flops": 1e15, "copy_bytes": 4e12}
     t = roof.roofline(one, r, 2)
     assert t["step"] == pytest.approx(t["train"] + t["logprob"] + t["gen"])
     assert t["logprob"] == pytest.approx(2 * one.logprob_flops / 1e15)
+
+
+def test_decode_gemms_count_at_the_slower_of_bytes_and_flops():
+    s = SHAPES["0.5b"]
+    m = {"prompt_length/mean": 192, "response_length/mean": 512, "response_length/max": 512}
+    r = {"matmul_flops": 7e14, "copy_bytes": 4e12}
+    few, many = roof.step_work(s, m, 8, 1, 2), roof.step_work(s, m, 512, 1, 2)
+    # 8 rows: reading the weights dominates, and FLOPs change nothing
+    t = roof.roofline(few, r, 2)
+    assert few.decode_flops / 7e14 < few.weight_bytes / 4e12
+    assert t["gen"] == pytest.approx(t["gen_bytes_only"])
+    # 512 rows: a decode step's GEMMs are 0.5 TFLOP, slower than reading 1 GB of weights
+    t = roof.roofline(many, r, 2)
+    per_step = many.decode_flops / 512
+    assert per_step == pytest.approx(512 * 2 * roof.weight_count(s), rel=0.01)
+    assert t["gen"] == pytest.approx((many.kv_bytes / 4e12) + many.decode_flops / 7e14
+                                     + many.prefill_flops / 7e14)
+    assert t["gen"] > t["gen_bytes_only"] and t["step_bytes_only"] < t["step"]
