@@ -282,8 +282,6 @@ def cold_start_lines(done: dict) -> list[str]:
 
 def _wall(x: dict) -> str:
     """What else the run's wall time held: what a user waits for besides the steps."""
-    if "startup_s" not in x:
-        return ""
     save = x["final_save_s"]
     save = "not finished" if save != save else f"{save:.1f} s"  # NaN: the run was stopped before it ended
     return (f"; run wall {x['wall_s']:.0f} s: services answering after {x['startup_s']:.1f} s, "
