@@ -155,9 +155,9 @@ RULES: tuple[Rule, ...] = (
     refused("*.model.lora_*", LORA), refused("*.model.lora.*", LORA),
     refused("actor_rollout_ref.model.target_modules", LORA), refused("actor_rollout_ref.model.exclude_modules", LORA),
     mapped("actor_rollout_ref.model.use_liger", "log-probs and entropy are fused kernels already "
-           "(torch.compile on GPUs, tandem/models/logprobs.py)"),
+           "(Triton kernels on GPUs, tandem/models/token_stats_kernel.py)"),
     mapped("actor_rollout_ref.model.use_fused_kernels", "log-probs and entropy are fused kernels already "
-           "(torch.compile on GPUs, tandem/models/logprobs.py)"),
+           "(Triton kernels on GPUs, tandem/models/token_stats_kernel.py)"),
     mapped("actor_rollout_ref.model.fused_kernel_options.*", "log-probs and entropy are fused kernels already"),
     mapped("actor_rollout_ref.model.tiled_mlp.*", MEMORY),
     refused("*.mtp.*", "multi-token prediction is not offered"),

@@ -140,6 +140,16 @@ def supported(head_dim: int) -> bool:
     return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
 
 
+def tile_keys(few: bool, head_dim: int, element_size: int) -> int:
+    """Keys per tile: 128 when about one program runs per multiprocessor (more bytes in flight),
+    else 64; halved while a tile holds more bytes than bf16's 128 x 128, the largest measured to
+    fit shared memory at 3 stages (an fp32 cache at head dim 128 asked an H200 for 344 KB of its 227)."""
+    keys = 128 if few else 64
+    while keys > 16 and keys * head_dim * element_size > 128 * 128 * 2:
+        keys //= 2
+    return keys
+
+
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -192,7 +202,7 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     # tuned on an H200 (bench/decode_attention_bench.py --sweep): with about one program per
     # multiprocessor each needs more bytes in flight (longer tiles, more warps for d = 128)
     few = b * groups * splits <= sms
-    block_n = block_n or (128 if few else 64)
+    block_n = block_n or tile_keys(few, d, k_cache.element_size())
     num_warps = num_warps or (8 if block_n * d >= 128 * 128 else 4)
     num_stages = num_stages or 3
     chunk = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n

@@ -158,7 +158,7 @@ def raise_recompile_limit(n: int) -> None:
 def specialize_floats() -> None:
     """Python floats as constants of the compiled graphs, guarded on their values. torch's default
     (`specialize_float=False`) makes each float a layer reads (layernorm eps, softmax scale, dropout
-    rate, ...) and the log-probs' 1 / temperature a 0-d CPU tensor input: on a GPU that puts C++ CPU
+    rate, the sampler's temperature, ...) a 0-d CPU tensor input: on a GPU that puts C++ CPU
     kernels into the graphs, and loading those from the cache made inductor check the host's vector
     ISA by building and loading test libraries in subprocesses (~24 s of a warm process's first
     compile on an H200, bench/compile_cache_probe.py --profile). The values do not change within a

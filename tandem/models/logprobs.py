@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from tandem.models.compile import specialize_floats
-
 
 def _tp_group():
     from megatron.core import parallel_state
@@ -65,8 +63,8 @@ def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch
 def token_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
                 entropy: bool, entropy_grad: bool = False):
     """(log-probs [n], entropy [n] or None) of [n, V/tp] logits: the two functions above, on
-    GPUs at TP=1 as compiled kernels that read the bf16 logits in one pass each way
-    instead of a dozen fp32 passes over [n, V] (about a fifth of a 0.5B actor step).
+    GPUs at TP=1 as Triton kernels (token_stats_kernel.py) that read the bf16 logits once each
+    way instead of a dozen fp32 passes over [n, V] (about a fifth of a 0.5B actor step).
     The entropy carries a gradient only with entropy_grad (an entropy bonus)."""
     if not (logits.is_cuda and _tp_size() == 1):
         with torch.set_grad_enabled(torch.is_grad_enabled() and entropy_grad):
@@ -74,39 +72,9 @@ def token_stats(logits: torch.Tensor, labels: torch.Tensor, temperature: float,
         return log_probs_from_logits(logits, labels, temperature), ent
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0 for log-probs, got {temperature}")
-    if entropy and entropy_grad:
-        return _compiled("both")(logits, labels, 1.0 / temperature)
-    lp = _compiled("log_probs")(logits, labels, 1.0 / temperature)
-    if not entropy:
-        return lp, None
-    with torch.no_grad():
-        return lp, _compiled("entropy")(logits, 1.0 / temperature)
+    from tandem.models.token_stats_kernel import token_stats_triton
 
-
-def _log_probs(logits, labels, inv_t):
-    z = logits.float() * inv_t
-    return z.gather(-1, labels[:, None]).squeeze(-1) - torch.logsumexp(z, -1)
-
-
-def _entropy(logits, inv_t):
-    z = logits.float() * inv_t
-    lse = torch.logsumexp(z, -1)
-    return lse - (torch.exp(z - lse[:, None]) * z).sum(-1)
-
-
-def _both(logits, labels, inv_t):
-    return _log_probs(logits, labels, inv_t), _entropy(logits, inv_t)
-
-
-_COMPILED: dict = {}
-
-
-def _compiled(name: str):
-    if name not in _COMPILED:  # dynamic: the token count changes with every micro-batch
-        fn = {"log_probs": _log_probs, "entropy": _entropy, "both": _both}[name]
-        specialize_floats()  # 1 / temperature a constant, not a CPU tensor input (no C++ kernel)
-        _COMPILED[name] = torch.compile(fn, dynamic=True)
-    return _COMPILED[name]
+    return token_stats_triton(logits, labels, 1.0 / temperature, entropy, entropy_grad)
 
 
 def gather_vocab(logits: torch.Tensor) -> torch.Tensor:

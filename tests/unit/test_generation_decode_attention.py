@@ -4,49 +4,31 @@ started with TRITON_INTERPRET=1 (triton reads it when it is first imported, so i
 be switched on in this process). fp32 only there: the interpreter's bf16 tl.dot is wrong
 (triton 3.9). The kernel tests skip without triton; the fallback tests run everywhere."""
 
-import importlib.util
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
+from triton_kernels import ONLY_WHERE_KERNEL_TESTS_SKIP, kernel_device, run_in_interpreter
 
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.sampling import SamplingParams
 
 VOCAB, PAD, EOS = 32, 0, 1
 PROMPTS = [[5, 9, 3, 17, 22, 8, 4], [7, 2], [30, 12, 6, 6], [3], [11, 25, 19, 2, 14, 27], [4, 4, 9]]
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @pytest.fixture
 def kernel():
     """(the decode_attention module, device)."""
-    if not HAS_TRITON:
-        pytest.skip("triton is not installed")
-    if torch.cuda.is_available():
-        dev = "cuda"
-    elif INTERPRETED:
-        dev = "cpu"
-    else:
-        pytest.skip("CPU: runs in test_kernel_tests_in_the_interpreter's subprocess")
+    dev = kernel_device()
     from tandem.generation import decode_attention
 
     return decode_attention, dev
 
 
-@pytest.mark.skipif(not HAS_TRITON or INTERPRETED or torch.cuda.is_available(),
-                    reason="needs triton, and only where the kernel tests would skip")
+@ONLY_WHERE_KERNEL_TESTS_SKIP
 def test_kernel_tests_in_the_interpreter():
     """This file's kernel tests on CPU, in a process started with TRITON_INTERPRET=1."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                        "not in_the_interpreter"], env=env, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "skipped" not in r.stdout, r.stdout[-4000:]  # every kernel test ran there
+    run_in_interpreter(__file__, "not in_the_interpreter")
 
 
 def reference(q, k_new, v_new, k_cache, v_cache, pos, kv_len, scale):
@@ -114,6 +96,18 @@ def test_kernel_adds_the_bias_and_applies_rope_to_the_raw_qkv(kernel, groups, qp
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
     torch.testing.assert_close(k_cache, k_want, atol=1e-6, rtol=0)
     torch.testing.assert_close(v_cache, v_want, atol=1e-6, rtol=0)
+
+
+def test_tiles_of_a_4_byte_cache_hold_no_more_bytes_than_bf16_s():
+    """An fp32 cache at head dim 128 with the few-programs tile (128 keys) asked an H200 for 344 KB of
+    shared memory (227 KB there): such tiles are halved; bf16's tuned sizes are kept."""
+    pytest.importorskip("triton")
+    from tandem.generation.decode_attention import tile_keys
+
+    assert tile_keys(True, 128, 2) == 128 and tile_keys(False, 128, 2) == 64  # bf16 as tuned
+    assert tile_keys(True, 64, 2) == 128 and tile_keys(True, 64, 4) == 128
+    assert tile_keys(True, 128, 4) == 64 and tile_keys(False, 128, 4) == 64
+    assert tile_keys(True, 256, 4) == 32
 
 
 def test_the_context_is_split_only_when_the_grid_is_small():
