@@ -9,16 +9,21 @@ one packed micro-batch of --rows sequences (a prompt of 128-256 tokens and --res
 forward alone and forward + backward of each aten kernel that takes cu_seqlens: flash (what
 tandem/models/attention.py calls), cuDNN (keys / values as they are, and with their heads repeated
 for the query heads) and memory-efficient; its TFLOP/s (causal: half the square); and its largest
-difference from flash's output and gradients. Times are medians of --repeats CUDA-event timings;
+difference from flash's output and gradients. Times are medians of --repeats CUDA-event timings
+(token_stats_bench.timed);
 the ratio column is against flash, measured in the same process.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import random
-import statistics
+import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from token_stats_bench import timed  # noqa: E402
 
 
 def flash(q, k, v, cu, n, scale):
@@ -43,20 +48,6 @@ def efficient(q, k, v, cu, n, scale):
 
 
 KERNELS = {"flash": flash, "cudnn": cudnn, "cudnn (heads repeated)": cudnn_repeated, "efficient": efficient}
-
-
-def timed(fn, repeats: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def main() -> None:

@@ -14,10 +14,14 @@ Max |diff| is against the old path (log-probs, entropy, gradient: bf16, so one o
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from generation_bench import copy_rate  # noqa: E402
 
 
 def _log_probs(logits, labels, inv_t):  # tandem/models/logprobs.py's formulas before the kernels
@@ -65,13 +69,6 @@ def timed(fn, repeats: int, inner: int = 5) -> float:
     return statistics.median(times)
 
 
-def copy_bandwidth(nbytes: int) -> float:
-    """GB/s of a device-to-device copy (bytes read + written), the ceiling for GB/s below."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    return 2 * nbytes / timed(lambda: dst.copy_(src), 10) / 1e6
-
-
 def case(fn, logits, labels, inv_t, entropy, grad, entropy_grad, w):
     """-> a closure running one call (+ its backward when grad) -> its outputs, for comparison."""
     x = logits.detach().requires_grad_(grad)
@@ -117,7 +114,7 @@ def main() -> int:
     w = torch.randn(n, device="cuda", generator=g)
     inv_t = 1.0 / args.temperature
     one = n * v * logits.element_size()
-    ceiling = copy_bandwidth(one)
+    ceiling = copy_rate() / 1e9  # GB/s read + written: the ceiling for the GB/s columns
     print(f"{torch.cuda.get_device_name()}: logits [{n}, {v}] bf16 = {one / 1e9:.2f} GB, "
           f"copy bandwidth {ceiling:.0f} GB/s (read + write)")
     print(f"{'case':34} {'old ms':>8} {'new ms':>8} {'new/old':>8} {'old GB/s':>9} {'new GB/s':>9} "
