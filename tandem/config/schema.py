@@ -93,7 +93,8 @@ class ActorConfig:
     # tandem/models/compile.py). CPU runs stay eager.
     use_torch_compile: bool = True
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
-    # passes (tandem/models/shared_prompts.py); same results up to float rounding
+    # passes (tandem/models/shared_prompts.py; on GPUs two merged flash calls, shared_prompt_attention.py);
+    # same results up to float rounding. verl's use_prefix_grouper sets it
     share_prompts: bool = False
     # Tandem's: build each micro-batch's packing just before its forward, overlapping the GPU's
     # work on the previous one, instead of all of a call's up front (tandem/train/schedule.py)

@@ -11,7 +11,8 @@ is causal and sq == sk (training, prefill without padding), else attend everywhe
 
 Packed batches (megatron's THD format, tandem/models/packing.py): q, k, v come as
 [t, heads, d] with cu_seqlens; attention is causal within each sequence. On GPUs this is
-torch's varlen flash attention (fp16 / bf16); elsewhere one causal SDPA over the
+torch's varlen flash attention (fp16 / bf16; shared-prompt packings: two calls merged,
+tandem/models/shared_prompt_attention.py); elsewhere one causal SDPA over the
 sequences right-padded to the longest (one call per layer: a call per sequence made the CPU
 path's training steps ~2-3x slower).
 """
@@ -26,6 +27,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from tandem.models.shared_prompt_attention import shared_prompt_attention
 from tandem.models.shared_prompts import segment_mask
 
 
@@ -77,8 +79,11 @@ class SDPAttention(MegatronModule):
         """[t, np, hn] x 3, causal within each sequence of cu_seqlens -> [t, np * hn]."""
         gqa = self.heads_per_partition != self.groups_per_partition
         segments = getattr(params, "tandem_segments", None)  # shared prompts (tandem/models/shared_prompts.py)
-        if q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen_attn is not None and segments is None:
+        flash = q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen_attn is not None
+        if flash and segments is None:
             out = _varlen_attn(q, k, v, params.tandem_cu_seqlens, int(params.max_seqlen_q), self.softmax_scale)
+        elif flash:  # two flash calls merged (tandem/models/shared_prompt_attention.py)
+            out = shared_prompt_attention(q, k, v, params.tandem_shared, self.softmax_scale)
         else:  # one causal SDPA over the sequences right-padded to the longest: a sequence's
             # padding comes after its tokens, so causality alone keeps it out of their attention
             seq, pos = (i.to(q.device) for i in params.tandem_pad_index)

@@ -65,11 +65,12 @@ class Packing:
         """Compute outputs only where they predict one of the last `width` columns' real tokens
         (the response). Reads elsewhere (`PackedOutput.take`) then raise."""
         idx, valid = self.index_valid(self.width - width - 1, width, predicts=True)
-        hit = torch.zeros(self.total, dtype=torch.bool)  # a scatter, not torch.unique's sort
-        hit[idx[valid]] = True
-        self.kept = hit.nonzero().squeeze(1)  # sorted: the packed order (rows sharing a prompt share one)
+        # one output per response token, in row order: the per-token readers then take the head's
+        # output as it is. Rows sharing a prompt (shared_prompts.py) repeat its last token here, a
+        # few [hidden]-wide rows more through the head instead of gathering the [tokens, vocab] logits
+        self.kept = idx[valid]
         self._slot = torch.full((self.total,), -1, dtype=torch.long)
-        self._slot[self.kept] = torch.arange(len(self.kept))
+        self._slot[self.kept] = torch.arange(len(self.kept))  # a repeated token: any of its equal outputs
 
     def pack(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, T] -> [1, N]: the real tokens of every row, then the filler."""
@@ -119,6 +120,9 @@ class PackedOutput:
         """(outputs [n, ...] at the n positions that predict a real token, valid [B, width] on
         the CPU): the compact form of `take` for per-token losses, without padding rows."""
         idx, valid = self.packing.index_valid(first, width, predicts=True)
+        kept = self.packing.kept
+        if kept is not None and len(kept) == self.output.shape[1] and torch.equal(idx[valid], kept):
+            return self.output[0], valid  # the kept outputs are these, in order: no copy
         rows = self._rows(idx[valid], None)
         if len(rows) == self.output.shape[1] and bool((rows == torch.arange(len(rows))).all()):
             return self.output[0], valid  # exactly the kept outputs, in order: no copy

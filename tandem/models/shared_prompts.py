@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from tandem.models.packing import Packing
+from tandem.models.shared_prompt_attention import SharedPromptIndex
 from tandem.parallel.device import to_device
 
 
@@ -72,12 +73,17 @@ class SharedPromptPacking(Packing):
         self.source = torch.cat([rows * t + cols, torch.zeros(self.filler, dtype=torch.long)])
         self.positions = torch.cat([torch.where(in_prompt, k, plen[rows] + after), torch.arange(self.filler)])
         self.segments = torch.cat([torch.where(in_prompt, 0, segment[rows]), torch.zeros(self.filler, dtype=torch.long)])
+        # the flash path's two calls (tandem/models/shared_prompt_attention.py): segments in packed order
+        # (each row: its group's prompt if it leads the group, then its response), then the filler
+        seg = torch.stack([plen * new, rlen], 1).flatten().tolist() + [self.filler]
+        self.shared_index = SharedPromptIndex.build(seg, self.response_offset, rlen, self.prompt_offset, plen)
 
     def params(self, device: torch.device):
         """Packing.params over the groups, plus each token's segment (0: the group's prompt,
-        k: its k-th response) for the attention mask."""
+        k: its k-th response) for the padded path's attention mask, and the flash path's indices."""
         p = super().params(device)
         p.tandem_segments = self.segments  # CPU: moved by the attention where it is used
+        p.tandem_shared = self.shared_index.to(device)
         return p
 
     def index_valid(self, first: int, width: int, predicts: bool = False):

@@ -74,8 +74,9 @@ def test_same_log_probs_loss_and_gradients(model, multiple):  # noqa: F811
     n_plain, loss_plain, m_plain, g_plain = _run(model, mb, Packing(mb["attention_mask"], multiple))
     shared = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], RW, multiple)
     n_shared, loss_shared, m_shared, g_shared = _run(model, mb, shared)
-    # the LM head's positions: one per response token, the groups' last prompt tokens counted once
-    assert n_plain == int(rmask.sum()) == 20 and n_shared == 20 - 2 - 1
+    # the LM head's positions: one per response token, in both (a group's last prompt token repeated
+    # for each of its rows: the readers take the head's output without gathering it)
+    assert n_plain == n_shared == int(rmask.sum()) == 20
     lp_plain, lp_shared = m_plain["old_log_probs"], m_shared["old_log_probs"]
     assert lp_plain[rmask].std() > 0.1  # log-probs that differ by row and position
     diffs = {"log_probs": (lp_plain - lp_shared)[rmask].abs().max(),
@@ -101,3 +102,16 @@ def test_prompts_of_other_rows_stay_out_of_attention(model):  # noqa: F811
     changed = (a - b).abs().amax(-1)[0] > 0
     assert changed.nonzero().squeeze(1).tolist() == [8, 9]  # row 2's two packed response tokens only
     assert torch.equal(a, c)
+
+
+def test_readers_take_the_heads_output_without_a_copy(model):  # noqa: F811
+    """The LM head runs once per response token in row order (a group's last prompt token once per
+    row), so the per-token readers take its output as it is, not a gather of the [tokens, vocab] logits."""
+    mb = grouped_batch()
+    shared = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], RW)
+    shared.keep_responses(RW)
+    dev = torch.device("cpu")
+    with torch.no_grad(), packed_rope(model, shared, dev), selected_outputs(model, shared, dev):
+        out = model(shared.pack(mb["input_ids"]), None, None, packed_seq_params=shared.params(dev))
+    tokens, valid = PackedOutput(out, shared).tokens(PW - 1, RW)
+    assert tokens.data_ptr() == out.data_ptr() and len(tokens) == int(valid.sum()) == 20
