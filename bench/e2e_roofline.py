@@ -13,7 +13,8 @@
                           slower of reading their weights and their FLOPs, prefill at the matmul rate
 
 FLOPs per token: 2 x the matmul parameters of the layers (embedding lookups are not matmuls)
-+ causal attention 2 x 2 x layers x hidden x (position / 1) averaged as context / 2, and the
++ causal attention 2 x 2 x layers x hidden x its position (prompt tokens p / 2 on average, response
+tokens p + r / 2; a shared prompt counts once per group), and the
 LM head (2 x vocab x hidden) at response positions only (the actor runs it only there);
 training is 3x the forward (forward + backward). Means per row stand in for each row's
 lengths (attention's quadratic term is slightly under-counted when lengths vary).
@@ -96,15 +97,18 @@ class StepWork:
     prefill_flops: float
 
 
-def step_work(s: dict, m: dict, rows: int, epochs: int, bytes_per_value: int) -> StepWork:
-    """m: one step's logged metrics (prompt_length/mean, response_length/mean, response_length/max)."""
+def step_work(s: dict, m: dict, rows: int, epochs: int, bytes_per_value: int, shared: int = 1) -> StepWork:
+    """m: one step's logged metrics (prompt_length/mean, response_length/mean, response_length/max).
+    `shared`: rows per prompt computed once in the training and log-prob passes (actor.share_prompts:
+    rollout.n; 1: every row computes its prompt)."""
     h, layers = s["hidden_size"], s["num_hidden_layers"]
     p, r = m["prompt_length/mean"], m["response_length/mean"]
     body = 2 * layers * layer_params(s)
-    ctx = p + r
-    attn_fwd = 2 * 2 * layers * h * ctx / 2  # per token, causal: context / 2 on average
     head = 2 * s["vocab_size"] * h
-    forward = rows * (ctx * (body + attn_fwd) + r * head)
+    # causal attention: a prompt token sees p / 2 keys on average, a response token p + r / 2
+    prompt = p * (body + 2 * 2 * layers * h * p / 2)
+    response = r * (body + 2 * 2 * layers * h * (p + r / 2) + head)
+    forward = rows * response + rows / shared * prompt
     kv_per_token = 2 * layers * s["num_key_value_heads"] * (h // s["num_attention_heads"]) * bytes_per_value
     steps = int(m.get("response_length/max", r))
     weights = weight_count(s) * bytes_per_value

@@ -15,8 +15,8 @@ under --out, then runs `tandem run` (python -m tandem.controller run: the real c
 launcher, actor colocated with its rollout, reward service) in a subprocess per configuration:
 --prompts x --n rows, --new-tokens per response, GRPO with the KL loss, no SFT. Each run's
 metrics.jsonl gives verl's timing_s/* per phase and perf/throughput (tokens/s/GPU); the services'
-`compile.spent` log lines give what each step spent in torch.compile and CUDA graph capture
-(tandem/serving/call_observer.py). Before the runs this process measures the matmul rate at the
+`compile.spent` and `gc.paused` log lines give what each step spent in torch.compile and CUDA graph
+capture, and in Python's garbage collection (tandem/serving/call_observer.py). Before the runs this process measures the matmul rate at the
 model's GEMM shapes and the device copy rate (bench/e2e_roofline.py), from which each step's
 roofline: training and log-prob FLOPs at the matmul rate; generation's KV-cache reads at the copy
 rate and its decode GEMMs at the slower of their weight reads and their FLOPs (at 512 rows the
@@ -25,7 +25,9 @@ FLOPs). The table also gives the step's share of the bytes-only generation bound
 --compare KEY=VALUE (repeatable, one variant each; `K1=V1,K2=V2`: one variant of several keys) runs
 the baseline and every variant in alternation, --repeats times, and prints each variant's step and phase times over the
 baseline's: a before / after in one call. A failed run is reported and the others go on.
-Results are printed as they come and appended to --out/results.md (and results.jsonl).
+Results are printed as they come and appended to --out/results.md (and results.jsonl); then each
+run's steady steps one by one, and for a run with actor.share_prompts the roofline of the work it does
+(each prompt once per group) beside the table's (every row's prompt). The printing: e2e_report.py.
 """
 from __future__ import annotations
 
@@ -46,12 +48,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_roofline as roof  # noqa: E402
+from e2e_report import HEAD, PHASES, cold_start_lines, compare_lines, row, step_lines  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tandem.serving import call_observer as observed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # verl's timing_s/* (controller/step.py)
 COMPILE_PHASES = [*observed.PHASES, *observed.CACHE_COUNTS]  # compile.spent's split of the time, its caches' answers
 
 
@@ -143,6 +145,7 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
     run_dir = runs[-1]
     spent: dict = {}
     phases: dict = {}  # rl_step -> summed COMPILE_PHASES
+    paused: dict = {}  # rl_step -> (seconds in garbage collection, full collections)
     rpcs = []  # (time, method, seconds) of every served call: when the services first answered, the final save
     for path in glob.glob(os.path.join(run_dir, "logs", "*.log")):
         with open(path) as f:
@@ -150,6 +153,9 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                 e = _json(line)
                 if e and e.get("event") == "rpc" and "timestamp" in e:
                     rpcs.append((_epoch(e["timestamp"]), e.get("method", ""), e.get("ms", 0.0) / 1e3))
+                if e and e.get("event") == "gc.paused":  # Python's collector stopped the process (all ranks summed)
+                    g, full = paused.get(e.get("rl_step"), (0.0, 0))
+                    paused[e.get("rl_step")] = (g + e["gc_s"], full + e["full"])
                 if e and e.get("event") == "compile.spent":
                     c, g = spent.get(e.get("rl_step"), (0.0, 0.0))
                     spent[e.get("rl_step")] = (c + e["compile_s"], g + e["graph_capture_s"])
@@ -160,7 +166,8 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                     split["pool_up"] = split.get("pool_up", 0) + int(bool(e.get("compile_pool_up")))
     shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GBs each; metrics and logs stay
     saves = [r for r in sorted(rpcs) if r[1].endswith("SaveCheckpoint")]
-    return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "wall_s": wall,
+    return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "gc": paused,
+            "wall_s": wall,
             "run_dir": run_dir, "timed_out": timed_out,
             # launch to the services' first answered call: process start, imports, model build and load
             "startup_s": min(r[0] for r in rpcs) - t0 if rpcs else float("nan"),
@@ -206,6 +213,8 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
     med = lambda k: statistics.median(m.get(k, 0.0) for m in steady)  # noqa: E731
     rows = a.prompts * a.n
     work = [roof.step_work(s, m, rows, 1, 4 if a.tiny else 2) for m in steady]
+    # actor.share_prompts: the passes compute each prompt once per group (the roofline of that work, too)
+    shared = a.n if "actor_rollout_ref.actor.share_prompts=true" in [*a.overrides, *res["extra"]] else 1
     # log-prob passes the step ran: old log-probs (skipped on policy: one mini-batch) and reference (KL)
     passes = int(med("timing_s/old_log_prob") > 0) + int(med("timing_s/ref") > 0)
     lines = [roof.roofline(w, r, passes) for w in work]
@@ -219,6 +228,8 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
     c1 = res["compile"].get(1, (0.0, 0.0))
     c0 = res["compile"].get(None, (0.0, 0.0))
     roof_s = statistics.median(x["step"] for x in lines)
+    shared_roof_s = statistics.median(roof.roofline(roof.step_work(s, m, rows, 1, 4 if a.tiny else 2, shared), r,
+                                                    passes)["step"] for m in steady)
     # what no phase timer covers: the controller's own work between the calls (batching, data metrics), the
     # weight sync before generation, and gaps; old and reference log-probs overlap (their max)
     other = statistics.median(m["timing_s/step"] - lp - sum(m.get(f"timing_s/{p}", 0.0) for p in
@@ -229,6 +240,12 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "mfu_train": mfu_train / r["matmul_flops"], "mfu_logprob": mfu_lp / r["matmul_flops"],
             "roofline_s": roof_s, "roof_parts": {k: statistics.median(x[k] for x in lines) for k in lines[0]},
             "fraction": roof_s / step_s, "other_s": other, "first_step_s": first,
+            "shared": shared, "shared_roofline_s": shared_roof_s,
+            # each steady step's own figures: a slow step next to fast ones (e.g. a recompile) shows here
+            "per_step": [{k: m.get(f"timing_s/{k}", 0.0) for k in ("step", "old_log_prob", "ref", "update_actor")}
+                         | {"compile_s": sum(res["compile"].get(m.get("step", i + 2), (0.0, 0.0))),
+                            "gc": res["gc"].get(m.get("step", i + 2), (0.0, 0))}
+                         for i, m in enumerate(steady)],
             "first_compile_s": c1[0], "first_capture_s": c1[1],
             "first_compile_phases": res["compile_phases"].get(1, {}),
             "before_compile_s": c0[0], "before_capture_s": c0[1], "wall_s": res["wall_s"], "steps": len(steps),
@@ -236,76 +253,6 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "response_mean": med("response_length/mean"), "prompt_mean": med("prompt_length/mean"),
             "probs_diff_max": max((m.get("training/rollout_probs_diff_max", 0.0) for m in steps), default=0.0),
             "ppo_kl_first": steps[0].get("actor/ppo_kl") if steps else None}
-
-
-HEAD = ("| config | step s | gen | old log-prob | ref (started with old: includes its wait) | update | reward "
-        "| other (no phase timer) | tokens/s/GPU | MFU update | MFU log-prob "
-        "| roofline s (train + log-prob + gen) | step at roofline | the same, generation's bytes only "
-        "| first step s (compile + capture s) | before step 1 "
-        "compile + capture s |")
-
-
-def row(x: dict) -> str:
-    p = x["roof_parts"]
-    return (f"| {x['name']} | {x['step_s']:.2f} | {x['gen']:.2f} | {x['old_log_prob']:.2f} | {x['ref']:.2f} "
-            f"| {x['update_actor']:.2f} | {x['reward']:.2f} | {x['other_s']:.2f} | {x['tokens_s_gpu'] / 1e3:.1f}k "
-            f"| {x['mfu_train']:.1%} "
-            f"| {x['mfu_logprob']:.1%} | {x['roofline_s']:.2f} "
-            f"({p['train']:.2f} + {p['logprob']:.2f} + {p['gen']:.2f}) | {x['fraction']:.0%} "
-            f"| {p['step_bytes_only']:.2f} s: {p['step_bytes_only'] / x['step_s']:.0%} "
-            f"| {x['first_step_s']:.1f} ({x['first_compile_s']:.1f} + {x['first_capture_s']:.1f}) "
-            f"| {x['before_compile_s']:.1f} + {x['before_capture_s']:.1f} |")
-
-
-def compare_lines(done: dict) -> list[str]:
-    base = done.get("baseline")
-    out = []
-    for name, xs in done.items():
-        if name == "baseline" or not base:
-            continue
-        ratio = lambda k: statistics.median(x[k] for x in xs) / statistics.median(b[k] for b in base)  # noqa: E731
-        out.append(f"- {name} ({' '.join(xs[0]['extra'])}) / baseline, medians over {len(xs)} run(s) each: "
-                   f"step **{ratio('step_s'):.3f}**, " + ", ".join(
-                       f"{p} {ratio(p):.3f}" for p in PHASES if statistics.median(b[p] for b in base) > 0)
-                   + f", first step {ratio('first_step_s'):.3f}")
-    return out
-
-
-def cold_start_lines(done: dict) -> list[str]:
-    """The first step of each later run of a configuration over its steady step (the issue's goal: <= 2,
-    compiled artifacts reused from the run before)."""
-    return [f"- {name}, run {i + 1}: first step {x['first_step_s']:.1f} s = **{x['first_step_s'] / x['step_s']:.1f}x** "
-            f"its steady step (compile {x['first_compile_s']:.1f} s, graph capture {x['first_capture_s']:.1f} s; "
-            f"before step 1: {x['before_compile_s']:.1f} + {x['before_capture_s']:.1f} s){_split(x)}{_wall(x)}"
-            for name, xs in done.items() for i, x in enumerate(xs)]
-
-
-def _wall(x: dict) -> str:
-    """What else the run's wall time held: what a user waits for besides the steps."""
-    save = x["final_save_s"]
-    save = "not finished" if save != save else f"{save:.1f} s"  # NaN: the run was stopped before it ended
-    return (f"; run wall {x['wall_s']:.0f} s: services answering after {x['startup_s']:.1f} s, "
-            f"the final checkpoint {save}")
-
-
-def _split(x: dict) -> str:
-    """Step 1's compile time as torch splits it: dynamo's tracing (frames less backends), the backends
-    (AOT autograd + inductor), inductor's share, its code generation, waits for parallel compile workers."""
-    p = x.get("first_compile_phases") or {}
-    if not p.get("frame_s"):
-        return ""
-    split = (f"; of the compile: tracing {p['frame_s'] - p.get('backend_s', 0.0):.1f} s, backends "
-             f"{p.get('backend_s', 0.0):.1f} s (inductor {p.get('inductor_s', 0.0):.1f}, code gen "
-             f"{p.get('code_gen_s', 0.0):.1f}, compile-worker waits {p.get('async_compile_wait_s', 0.0):.1f})")
-    pool = f"; compile worker pool up after {p.get('pool_up', 0):.0f} of {p.get('calls', 0):.0f} compiling calls"
-    return split + _caches(p) + pool
-
-
-def _caches(p: dict) -> str:
-    """How torch's on-disk caches answered during step 1 (bypass: a graph the cache cannot hold)."""
-    return "".join(f"; {what} cache hit / miss / bypass {p.get(k + '_cache_hit', 0):.0f} / "
-                   f"{p.get(k + '_cache_miss', 0):.0f} / {p.get(k + '_cache_bypass', 0):.0f}"
-                   for k, what in (("fx", "FX graph"), ("aot", "AOT autograd")))
 
 
 def main(argv=None) -> int:
@@ -378,7 +325,7 @@ def main(argv=None) -> int:
                 f.write(line + "\n")
             with open(os.path.join(a.out, "results.jsonl"), "a") as f:
                 f.write(json.dumps({**x, "rates": r, "shape": a.shape}, default=str) + "\n")
-    tail = ["", *compare_lines(done), *cold_start_lines(done),
+    tail = ["", *compare_lines(done), *cold_start_lines(done), *step_lines(done),
             *(f"- {k}: rollout_probs_diff_max max over steps {v[0]['probs_diff_max']:.3g}, actor/ppo_kl of step 1 "
               f"{v[0]['ppo_kl_first']}, run wall {v[0]['wall_s']:.0f} s" for k, v in done.items()), ""]
     print("\n".join(tail), flush=True)

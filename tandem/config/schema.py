@@ -370,6 +370,11 @@ class ServicesConfig:
     # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
     # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
     compile_cache_dir: str | None = None
+    # Tandem's: every service rank freezes Python's tracked objects (gc.freeze) once its workers are built and
+    # after each call, so the cyclic collector's full collections scan only what the current call made instead
+    # of the ~0.5-1M objects of torch, megatron and compiled graphs (0.1-0.3 s, stopping every thread,
+    # mid-pass); the run's release unfreezes and collects (tandem/serving/gc_pauses.py)
+    freeze_gc: bool = False
 
 
 ASYNC_MODES = ("sync", "one_step_off", "fully_async")  # async_training.mode (controller/async_loop.py)

@@ -16,6 +16,11 @@ and torch's split of the compile time (frame_s, backend_s, inductor_s, code_gen_
 and its caches' answers (fx_cache_hit / _miss / _bypass, aot_cache_hit / _miss / _bypass; only those that moved),
 and inductor's compile worker pool (compile_threads, compile_pool_up).
 
+Garbage collection: after a call in which Python's cyclic collector ran for over a millisecond or
+made a full (generation 2) collection, one line `gc.paused` with its seconds and counts
+(tandem/serving/gc_pauses.py): the collector stops every thread, the GPU's feeder included. With
+services.freeze_gc, what the call left alive is frozen after it (out of later collections).
+
 Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
 the rank-group protocol (rank_group.py).
 """
@@ -27,6 +32,7 @@ from contextlib import contextmanager, nullcontext
 import torch
 
 from tandem.logging import get_logger
+from tandem.serving import gc_pauses
 
 _log = get_logger("tandem.serving.call_observer")
 
@@ -77,13 +83,15 @@ def capture_seconds() -> float:
 class CallObserver:
     """One rank's observer (`profile`: the service's ProfileConfig, None: no traces)."""
 
-    def __init__(self, role: str, rank: int, profile=None):
+    def __init__(self, role: str, rank: int, profile=None, freeze_gc: bool = False):
         self.role, self.rank = role, rank
         on = profile is not None and profile.use_profile
         self.ranks = set([0] if on and profile.profile_ranks is None else (profile.profile_ranks if on else []))
         self.profile = profile if on and rank in self.ranks else None
         self.step: int | None = None
         self.prof = None
+        self.freeze_gc = freeze_gc  # services.freeze_gc: what a call leaves alive, frozen after it
+        gc_pauses.install()
 
     def wants(self, step: int | None) -> bool:
         p = self.profile
@@ -92,9 +100,15 @@ class CallObserver:
     @contextmanager
     def call(self, step: int | None, name: str):
         self._at_step(step)
-        c0, g0 = compile_times(), capture_seconds()
+        c0, g0, gc0 = compile_times(), capture_seconds(), gc_pauses.totals()
         with torch.profiler.record_function(name) if self.prof is not None else nullcontext():
             yield
+        if self.freeze_gc:
+            gc_pauses.freeze()
+        paused = gc_pauses.since(gc0)
+        if paused["full"] or paused["gc_s"] > 1e-3:
+            _log.info("gc.paused", method=name, rl_step=step, gc_s=round(paused["gc_s"], 4),
+                      collections=paused["collections"], full=paused["full"], full_s=round(paused["full_s"], 4))
         c1, dg = compile_times(), capture_seconds() - g0
         dc = c1.get("total", 0.0) - c0.get("total", 0.0)
         if dc > 1e-3 or dg > 1e-3:  # phases: torch's split of compile_s (tracing = frame_s - backend_s)

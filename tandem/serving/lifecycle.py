@@ -33,6 +33,7 @@ from tandem.logging import configure_logging, get_logger
 from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
 from tandem.rpc.errors import FailedPrecondition
+from tandem.serving import gc_pauses
 from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.compile_cache import use_compile_cache
 from tandem.serving.role import Built, Role
@@ -63,9 +64,12 @@ class RankHost:
             # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU
             device.set_memory_fraction(section.gpu_memory_fraction or 1.0)
         self.built = self.role.build(cfg)
+        if cfg.services.freeze_gc:  # the workers' objects out of every later collection
+            gc_pauses.freeze(collect=True)
         if self.group is not None:
             self.group.targets.update(self.built.targets)
-            self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name))
+            self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name),
+                                               freeze_gc=cfg.services.freeze_gc)
         _log.info("run.configured", run=run_id, pid=os.getpid())
         return os.getpid()
 
@@ -81,6 +85,7 @@ class RankHost:
         self.built = None
         self.close_observer()
         torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
+        gc_pauses.thaw()  # services.freeze_gc: the run's frozen objects collectable again
         gc.collect()
         device.empty_cache()
         configure_logging(role=self.role.name, rank=self.rank, run_id=None)

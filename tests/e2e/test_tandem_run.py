@@ -24,7 +24,8 @@ STEPS = 2
 STEP_KEYS = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "response_length/mean", "timing_s/step"]
 
 CASES = {
-    "grpo_colocated": (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated"],
+    "grpo_colocated": (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated",
+                        "services.freeze_gc=true"],  # ranks freeze what their calls leave alive
                        {"actor", "reward"}),
     "ppo_standalone": (["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone"],
                        {"actor", "reward", "rollout", "critic"}),

@@ -65,3 +65,38 @@ def test_compile_spent_says_how_the_on_disk_cache_answered(tmp_path, monkeypatch
     assert [s.get("fx_cache_miss", 0) for s in spent] == [1, 0]
     assert [s.get("fx_cache_hit", 0) for s in spent] == [0, 1]
     assert all(isinstance(s["compile_pool_up"], bool) and s["compile_threads"] >= 1 for s in spent)
+
+
+def test_a_full_collection_inside_a_call_is_logged():
+    import gc
+
+    obs = CallObserver("actor", 0, None)
+    with capture_logs() as logs:
+        with obs.call(2, "actor.compute_log_prob"):
+            gc.collect()  # generation 2: every tracked object scanned
+        with obs.call(2, "actor.compute_log_prob"):
+            _work()  # a call without a collection worth a line (allocations this small start none)
+    paused = [e for e in logs if e["event"] == "gc.paused"]
+    assert len(paused) == 1 and paused[0]["rl_step"] == 2 and paused[0]["method"] == "actor.compute_log_prob"
+    assert paused[0]["full"] == 1 and paused[0]["collections"] >= 1
+    assert 0 < paused[0]["full_s"] <= paused[0]["gc_s"]
+
+
+def test_freeze_gc_takes_what_a_call_leaves_alive_out_of_collections():
+    import gc
+
+    from tandem.serving import gc_pauses
+
+    gc_pauses.thaw()
+    obs = CallObserver("actor", 0, None, freeze_gc=True)
+    kept = []
+    try:
+        with obs.call(1, "actor.update"):
+            kept.extend([i] for i in range(5000))  # lists: always tracked by the collector
+        assert gc.get_freeze_count() >= 5000
+        tracked = {id(o) for o in gc.get_objects()}  # what a collection scans
+        assert not any(id(o) in tracked for o in kept)
+    finally:
+        gc_pauses.thaw()
+    assert gc.get_freeze_count() == 0 and all(gc.is_tracked(o) for o in kept[:10])
+    assert id(kept[0]) in {id(o) for o in gc.get_objects()}

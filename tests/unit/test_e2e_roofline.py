@@ -55,3 +55,22 @@ def test_decode_gemms_count_at_the_slower_of_bytes_and_flops():
     assert t["gen"] == pytest.approx((many.kv_bytes / 4e12) + many.decode_flops / 7e14
                                      + many.prefill_flops / 7e14)
     assert t["gen"] > t["gen_bytes_only"] and t["step_bytes_only"] < t["step"]
+
+
+def test_shared_prompts_count_each_prompt_once_per_group():
+    """share_prompts: the training and log-prob passes compute a prompt once for its n rows, attention
+    included; generation's work is unchanged. The causal attention split (prompt / response tokens)
+    adds up to the unshared count's context^2 / 2."""
+    s = SHAPES["0.5b"]
+    p, r, rows, n = 192, 512, 512, 8
+    m = {"prompt_length/mean": p, "response_length/mean": r, "response_length/max": r}
+    plain, shared = roof.step_work(s, m, rows, 1, 2), roof.step_work(s, m, rows, 1, 2, shared=n)
+    layers, h = s["num_hidden_layers"], s["hidden_size"]
+    body, head = 2 * layers * roof.layer_params(s), 2 * s["vocab_size"] * h
+    ctx = p + r
+    assert plain.logprob_flops == pytest.approx(rows * (ctx * (body + 2 * layers * h * ctx) + r * head))
+    prompt = p * body + 2 * layers * h * p * p  # one prompt's layer and attention FLOPs
+    assert plain.logprob_flops - shared.logprob_flops == pytest.approx(rows * (1 - 1 / n) * prompt)
+    assert shared.train_flops == pytest.approx(3 * shared.logprob_flops)
+    assert (shared.kv_bytes, shared.decode_flops, shared.prefill_flops) == (
+        plain.kv_bytes, plain.decode_flops, plain.prefill_flops)
