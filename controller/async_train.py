@@ -26,7 +26,8 @@ from tandem.controller import checkpointing
 from tandem.controller.async_loop import AsyncLoop, Bounds
 from tandem.controller.batch_queue import Drawn, StampedBatch
 from tandem.controller.data import collate
-from tandem.controller.step import StepContext, nothing_to_train, perf_metrics, rollout_and_score, train_on
+from tandem.controller.step import StepContext, nothing_to_train, rollout_and_score, train_on
+from tandem.controller.step_metrics import perf_metrics
 from tandem.data.batch import DataProto
 
 

@@ -30,9 +30,11 @@ class ActorClient(ServiceClient):
     def __init__(self, endpoint: str, **kw):
         super().__init__(endpoint, actor_pb2_grpc.ActorServiceStub, **kw)
 
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False) -> DataProto:
+    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False) -> DataProto:
+        """old_log_probs (+ entropys) [rows, response_len]; with_reference: also ref_log_prob, the two
+        passes in this one call (one request carrying the rows)."""
         r = await self.call("ComputeLogProb", actor_pb2.ComputeLogProbRequest(
-            batch=codec.encode_batch(batch), calculate_entropy=calculate_entropy))
+            batch=codec.encode_batch(batch), calculate_entropy=calculate_entropy, with_reference=with_reference))
         return codec.decode_batch(r.batch)
 
     async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:

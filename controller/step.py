@@ -3,7 +3,8 @@
 1. rollout and scoring: n samples per prompt, scored by the reward service (ReMax: also a
    greedy baseline per prompt; DAPO: generation rounds until enough prompt groups with
    varied rewards are kept, controller/dapo.py);
-2. log-probs and values: old and reference log-probs and the critic's values, concurrently;
+2. log-probs and values: old and reference log-probs (in one actor call: trainer.log_probs_one_call)
+   and the critic's values, concurrently;
    when the update trains every row on the current weights (one mini-batch, one epoch, no KL
    in the reward: the default), the old log-probs are the update's own forward pass's
    (bit-identical, one forward pass less per step; TRL does the same) and come back in phase 4;
@@ -13,7 +14,7 @@
 Timings carry verl's names (`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,
 update_actor,update_weights,step}`); the calls of a phase that run concurrently (old log-probs,
 reference and values; actor and critic updates) are each timed on their own, so they overlap.
-Then verl's data metrics and `perf/{total_num_tokens,time_per_step,throughput}`.
+Then verl's data metrics and `perf/{total_num_tokens,time_per_step,throughput}` (controller/step_metrics.py).
 
 Deliberately not here: decoding and scoring details (controller/scoring.py), the math
 (tandem/algos/), validation, checkpoints and the loop over steps (controller/run.py).
@@ -36,6 +37,7 @@ from tandem.controller import scoring
 from tandem.controller.dapo import collect_varied_groups
 from tandem.controller.reward_calls import RowScores, settle
 from tandem.controller.roles import Roles
+from tandem.controller.step_metrics import data_metrics, perf_metrics
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 
@@ -284,8 +286,18 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None,
                                old: bool = True) -> LogProbs:
     """Old log-probs (unless the update computes them: `old=False`), reference log-probs and
-    values, concurrently (each timed on its own)."""
+    values, concurrently (each timed on its own); trainer.log_probs_one_call: old and reference in
+    one actor call (both timings are that call's)."""
     actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
+    if old and ctx.need_ref and ctx.cfg.trainer.log_probs_one_call:  # one call: both timings are its own
+        t0 = time.perf_counter()
+        both, values = await asyncio.gather(
+            actor.compute_log_prob(seq, with_reference=True),
+            _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
+        for key in (M.TIMING_OLD_LOG_PROB, M.TIMING_REF):
+            timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
+        ref = DataProto(tensors={"ref_log_prob": both.tensors.pop("ref_log_prob")})
+        return LogProbs(both, ref, values)
     old, ref, values = await asyncio.gather(
         _timed(actor.compute_log_prob(seq) if old else None, timings, M.TIMING_OLD_LOG_PROB),
         _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
@@ -375,25 +387,3 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, criti
     if lp.old is None:
         lp.old = actor_out[2]
     return {**actor_out[0], **(critic_metrics or {})}, actor_out[1]
-
-
-# ---- metrics --------------------------------------------------------------------------------
-
-def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages) -> dict[str, float]:
-    """verl's critic/, response_length/ and prompt_length/ statistics of the step's batch."""
-    tensors = {"token_level_scores": adv.token_scores, "token_level_rewards": adv.rewards,
-               "advantages": adv.advantages, "returns": adv.returns, "response_mask": adv.mask,
-               "prompt_mask": gen["attention_mask"][:, : gen["prompts"].shape[1]].float()}
-    if ctx.use_critic:
-        tensors["values"] = lp.values["values"]
-    return M.compute_data_metrics(tensors, use_critic=ctx.use_critic,
-                                  max_response_length=ctx.cfg.data.max_response_length)
-
-
-def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:
-    """timing_s/step and perf/time_per_step (since `t_step`), tokens in the batch, and verl's
-    throughput: tokens per second per device."""
-    step_s = time.perf_counter() - t_step
-    tokens = float(gen["attention_mask"].sum())
-    return {M.TIMING_STEP: step_s, M.PERF_TIME_PER_STEP: step_s, M.PERF_TOTAL_NUM_TOKENS: tokens,
-            M.PERF_THROUGHPUT: tokens / (step_s * n_gpus)}

@@ -36,8 +36,10 @@ class ActorFront:
         n = int(batch.meta.get("rollout_n", self.cfg.actor_rollout_ref.rollout.n))
         return self.actor_cfg.ppo_mini_batch_size * n
 
-    def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False) -> DataProto:
-        """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys').
+    def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False,
+                         with_reference: bool = False) -> DataProto:
+        """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys'; with_reference:
+        + 'ref_log_prob', compute_ref_log_prob's pass right after, in this call).
 
         Same mini-batch / DP / micro-batch layout as the update, so the first on-policy
         mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
@@ -48,6 +50,8 @@ class ActorFront:
         tensors = {"old_log_probs": out["log_probs"]}
         if calculate_entropy:
             tensors["entropys"] = out["entropys"]
+        if with_reference:
+            tensors.update(self.compute_ref_log_prob(batch).tensors)
         return DataProto(tensors=tensors)
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:

@@ -38,7 +38,8 @@ class ActorServicer(WeightSourceServicer):
 
     async def ComputeLogProb(self, request, context):
         batch = self._decode(request)
-        out = await self.thread.run(self.worker.compute_log_prob, batch, request.calculate_entropy)
+        out = await self.thread.run(self.worker.compute_log_prob, batch, request.calculate_entropy,
+                                    request.with_reference)
         return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
 
     async def ComputeRefLogProb(self, request, context):

@@ -93,8 +93,7 @@ class ActorConfig:
     # tandem/models/compile.py). CPU runs stay eager.
     use_torch_compile: bool = True
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
-    # passes (tandem/models/shared_prompts.py; on GPUs two merged flash calls, shared_prompt_attention.py);
-    # same results up to float rounding. verl's use_prefix_grouper sets it
+    # passes (tandem/models/shared_prompts.py); same results up to float rounding (verl: use_prefix_grouper)
     share_prompts: bool = False
     # Tandem's: build each micro-batch's packing just before its forward, overlapping the GPU's
     # work on the previous one, instead of all of a call's up front (tandem/train/schedule.py)
@@ -292,6 +291,8 @@ class TrainerConfig:
     # Tandem's: old / reference log-probs and values start when the rows are generated, while they
     # are scored (controller/step.py EarlyLogProbs); ignored with DAPO's dynamic sampling and async_training
     log_probs_with_scoring: bool = False
+    # Tandem's: old and reference log-probs in one actor call (one request carrying the rows), not two
+    log_probs_one_call: bool = True
     log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
@@ -370,10 +371,7 @@ class ServicesConfig:
     # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
     # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
     compile_cache_dir: str | None = None
-    # Tandem's: every service rank freezes Python's tracked objects (gc.freeze) once its workers are built and
-    # after each call, so the cyclic collector's full collections scan only what the current call made instead
-    # of the ~0.5-1M objects of torch, megatron and compiled graphs (0.1-0.3 s, stopping every thread,
-    # mid-pass); the run's release unfreezes and collects (tandem/serving/gc_pauses.py)
+    # Tandem's: ranks gc.freeze() once built and after each call (tandem/serving/gc_pauses.py, README)
     freeze_gc: bool = False
 
 

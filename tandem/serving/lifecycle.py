@@ -95,6 +95,7 @@ class RankHost:
     def close_observer(self) -> None:
         """Write the open trace (the run is released or the process stops)."""
         if self.group is not None and self.group.observer is not None:
+            self.group.observer.freeze_gc = False  # the release call ends in it: nothing of this run to freeze
             self.group.observer.close()
             self.group.observer = None
 

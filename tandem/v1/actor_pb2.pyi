@@ -10,12 +10,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ComputeLogProbRequest(_message.Message):
-    __slots__ = ("batch", "calculate_entropy")
+    __slots__ = ("batch", "calculate_entropy", "with_reference")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
+    WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     calculate_entropy: bool
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ...) -> None: ...
+    with_reference: bool
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ...) -> None: ...
 
 class ComputeLogProbResponse(_message.Message):
     __slots__ = ("batch",)

@@ -1,7 +1,8 @@
 """trainer.log_probs_with_scoring: `tandem run` with phase 2 started while the rows are scored
 gives the same step metrics (losses, KL, rewards, log-prob diffs: everything but timings and memory)
 as with it off, on the same seeds; with old and reference log-probs (two mini-batches, KL loss),
-and when scoring drops rows (their log-probs leave with them)."""
+and when scoring drops rows (their log-probs leave with them); and old and reference log-probs in one
+actor call (trainer.log_probs_one_call) against two."""
 import json
 import os
 
@@ -43,4 +44,14 @@ def test_rows_dropped_by_scoring_leave_the_early_log_probs(tmp_path):
     off, on = step_metrics(tmp_path, "off", False, *FLAKY), step_metrics(tmp_path, "on", True, *FLAKY)
     assert len(on) == len(off) > 0 and any(m["reward/failed_rows"] > 0 for m in on)
     for a, b in zip(off, on):
+        assert a.keys() == b.keys() and differences(a, b) == {}
+
+
+def test_same_metrics_with_old_and_reference_log_probs_in_one_call(tmp_path):
+    """trainer.log_probs_one_call (the default): one ComputeLogProb request with_reference instead of
+    ComputeLogProb and ComputeRefLogProb, the same numbers."""
+    two = step_metrics(tmp_path, "two", False, "trainer.log_probs_one_call=false")
+    one = step_metrics(tmp_path, "one", False, "trainer.log_probs_one_call=true")
+    assert len(one) == len(two) == 2 and "actor/kl_loss" in one[0]  # the reference ran
+    for a, b in zip(two, one):
         assert a.keys() == b.keys() and differences(a, b) == {}

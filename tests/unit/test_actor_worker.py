@@ -209,3 +209,12 @@ def test_free_cache_engine_releases_and_regenerates_the_same(worker, arithmetic_
     assert kept.engine.runner is not None
     for key in ("responses", "response_mask", "rollout_log_probs"):
         assert torch.equal(first[key], again[key]) and torch.equal(first[key], reference[key]), key
+
+
+def test_old_and_reference_log_probs_in_one_call(worker, arithmetic_tokenizer):
+    """with_reference: the reference's pass right after the policy's, in the same call, the same numbers."""
+    seq = generate(worker, arithmetic_tokenizer)
+    both = worker.compute_log_prob(seq, calculate_entropy=True, with_reference=True)
+    assert set(both.tensors) == {"old_log_probs", "entropys", "ref_log_prob"}
+    assert torch.equal(both["old_log_probs"], worker.compute_log_prob(seq)["old_log_probs"])
+    assert torch.equal(both["ref_log_prob"], worker.compute_ref_log_prob(seq)["ref_log_prob"])

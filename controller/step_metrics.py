@@ -1,0 +1,35 @@
+"""A step's metrics beside its phases' (controller/step.py): verl's data statistics of the batch
+(critic/, response_length/, prompt_length/) and its perf/ figures.
+
+Deliberately not here: the phases' own metrics (they come back from the services).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from tandem.algos import metrics as M
+
+if TYPE_CHECKING:  # annotations only: step.py imports this module
+    from tandem.controller.step import Advantages, LogProbs, StepContext
+    from tandem.data.batch import DataProto
+
+
+def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages) -> dict[str, float]:
+    """verl's critic/, response_length/ and prompt_length/ statistics of the step's batch."""
+    tensors = {"token_level_scores": adv.token_scores, "token_level_rewards": adv.rewards,
+               "advantages": adv.advantages, "returns": adv.returns, "response_mask": adv.mask,
+               "prompt_mask": gen["attention_mask"][:, : gen["prompts"].shape[1]].float()}
+    if ctx.use_critic:
+        tensors["values"] = lp.values["values"]
+    return M.compute_data_metrics(tensors, use_critic=ctx.use_critic,
+                                  max_response_length=ctx.cfg.data.max_response_length)
+
+
+def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:
+    """timing_s/step and perf/time_per_step (since `t_step`), tokens in the batch, and verl's
+    throughput: tokens per second per device."""
+    step_s = time.perf_counter() - t_step
+    tokens = float(gen["attention_mask"].sum())
+    return {M.TIMING_STEP: step_s, M.PERF_TIME_PER_STEP: step_s, M.PERF_TOTAL_NUM_TOKENS: tokens,
+            M.PERF_THROUGHPUT: tokens / (step_s * n_gpus)}
