@@ -296,6 +296,9 @@ async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict |
             _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
         for key in (M.TIMING_OLD_LOG_PROB, M.TIMING_REF):
             timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
+        if "ref_log_prob" not in both.tensors:  # proto3 drops a field the service does not know
+            raise RuntimeError("the actor service returned no ref_log_prob for ComputeLogProb with_reference: it "
+                               "predates that field; restart it on this version or set trainer.log_probs_one_call=false")
         ref = DataProto(tensors={"ref_log_prob": both.tensors.pop("ref_log_prob")})
         return LogProbs(both, ref, values)
     old, ref, values = await asyncio.gather(

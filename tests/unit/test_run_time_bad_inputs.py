@@ -139,3 +139,24 @@ def test_run_counts_skipped_rows_in_its_summary(tmp_path, arithmetic_tokenizer):
     assert run.summary.get("data_rows_skipped") == {"train": {"overlong": 0, "empty_prompt": 1},
                                                     "val": {"overlong": 0, "empty_prompt": 1}}
     assert len(run.train) == 1 and dataclasses.is_dataclass(run.train[0])
+
+
+def test_an_actor_service_without_with_reference_gets_a_clear_error():
+    """An actor service older than ComputeLogProb's with_reference ignores it (proto3) and returns no
+    ref_log_prob: the step says so and what to do, instead of a KeyError."""
+    import asyncio
+    import types
+
+    from tandem.config import load_config
+    from tandem.controller.step import StepContext, log_probs_and_values
+
+    class OldActor:  # the reply of a service that does not know the field
+        async def compute_log_prob(self, seq, with_reference=False):
+            return DataProto(tensors={"old_log_probs": torch.zeros(len(seq), 3)})
+
+    cfg = load_config(None, ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.n=2"])
+    ctx = StepContext(roles=types.SimpleNamespace(actor=OldActor(), critic=None), cfg=cfg, tokenizer=None,
+                      kl_ctrl=None)
+    seq = DataProto(tensors={"input_ids": torch.zeros(2, 4, dtype=torch.long)})
+    with pytest.raises(RuntimeError, match="no ref_log_prob .* predates that field.*log_probs_one_call=false"):
+        asyncio.run(log_probs_and_values(ctx, seq, old=True))
