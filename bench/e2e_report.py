@@ -54,7 +54,9 @@ def cold_start_lines(done: dict) -> list[str]:
 
 def step_lines(done: dict) -> list[str]:
     """Each run's steady steps one by one (step, old log-prob, reference, update s; compile + capture s and
-    seconds of Python's garbage collection in the step, over every process), and the roofline of the work a shared-prompt run does (its prompts once per group)."""
+    seconds of Python's garbage collection in the step, over every process), and the roofline of the work the
+    run did when it did less than the configured step's (shared prompts; old log-probs of the first mini-batch
+    from the update)."""
     out = []
     for name, xs in done.items():
         for i, x in enumerate(xs):
@@ -63,10 +65,12 @@ def step_lines(done: dict) -> list[str]:
                               for p in x["per_step"])
             out.append(f"- {name}, run {i + 1}, steady steps: step s (old log-prob / ref / update; compile s, "
                        f"garbage collection s in full collections): {steps}")
-            if x["shared"] > 1:
-                out.append(f"- {name}, run {i + 1}: prompts computed once per {x['shared']} rows: the roofline of "
-                           f"that work {x['shared_roofline_s']:.2f} s, the step at "
-                           f"{x['shared_roofline_s'] / x['step_s']:.0%} of it")
+            if x["shared"] > 1 or x["old_share"] < 1:
+                did = ([f"prompts computed once per {x['shared']} rows"] * (x["shared"] > 1)
+                       + [f"the old log-prob pass over {x['old_share']:.0%} of the rows (the update's own forward gives "
+                          "the first mini-batch's)"] * (x["old_share"] < 1))
+                out.append(f"- {name}, run {i + 1}: {'; '.join(did)}: the roofline of that work "
+                           f"{x['work_roofline_s']:.2f} s, the step at {x['work_roofline_s'] / x['step_s']:.0%} of it")
     return out
 
 

@@ -213,23 +213,30 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
     med = lambda k: statistics.median(m.get(k, 0.0) for m in steady)  # noqa: E731
     rows = a.prompts * a.n
     work = [roof.step_work(s, m, rows, 1, 4 if a.tiny else 2) for m in steady]
+    keys = [*a.overrides, *res["extra"]]
     # actor.share_prompts: the passes compute each prompt once per group (the roofline of that work, too)
-    shared = a.n if "actor_rollout_ref.actor.share_prompts=true" in [*a.overrides, *res["extra"]] else 1
+    shared = a.n if "actor_rollout_ref.actor.share_prompts=true" in keys else 1
     # log-prob passes the step ran: old log-probs (skipped on policy: one mini-batch) and reference (KL)
     passes = int(med("timing_s/old_log_prob") > 0) + int(med("timing_s/ref") > 0)
+    # trainer.old_log_probs_from_update (on): the old pass skips the first mini-batch's rows (the update's own)
+    from_update = "trainer.old_log_probs_from_update=false" not in keys
+    own = a.mini_batch * a.n if from_update and 0 < a.mini_batch < a.prompts else 0
+    old_share = (rows - own) / rows
+    done = old_share * int(med("timing_s/old_log_prob") > 0) + int(med("timing_s/ref") > 0)
     lines = [roof.roofline(w, r, passes) for w in work]
     step_s = med("timing_s/step")
     mfu_train = statistics.median(w.train_flops / max(m["timing_s/update_actor"], 1e-9) for w, m in zip(work, steady))
     # the two calls start together (controller/step.py gathers them) and queue on the actor's one worker
     # thread: the later one's timing includes waiting for the other, so the pair's wall time is the max
     lp_s = [max(m.get("timing_s/old_log_prob", 0.0), m.get("timing_s/ref", 0.0)) for m in steady]
-    mfu_lp = statistics.median(passes * w.logprob_flops / t if t > 0 else float("nan") for w, t in zip(work, lp_s))
+    mfu_lp = statistics.median(done * w.logprob_flops / t if t > 0 else float("nan") for w, t in zip(work, lp_s))
     first = steps[0]["timing_s/step"] if steps else float("nan")
     c1 = res["compile"].get(1, (0.0, 0.0))
     c0 = res["compile"].get(None, (0.0, 0.0))
     roof_s = statistics.median(x["step"] for x in lines)
-    shared_roof_s = statistics.median(roof.roofline(roof.step_work(s, m, rows, 1, 4 if a.tiny else 2, shared), r,
-                                                    passes)["step"] for m in steady)
+    # the roofline of the work the step did: prompts once per group (shared), the old pass over old_share
+    work_roof_s = statistics.median(roof.roofline(roof.step_work(s, m, rows, 1, 4 if a.tiny else 2, shared), r,
+                                                  done)["step"] for m in steady)
     # what no phase timer covers: the controller's own work between the calls (batching, data metrics), the
     # weight sync before generation, and gaps; old and reference log-probs overlap (their max)
     other = statistics.median(m["timing_s/step"] - lp - sum(m.get(f"timing_s/{p}", 0.0) for p in
@@ -240,7 +247,7 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "mfu_train": mfu_train / r["matmul_flops"], "mfu_logprob": mfu_lp / r["matmul_flops"],
             "roofline_s": roof_s, "roof_parts": {k: statistics.median(x[k] for x in lines) for k in lines[0]},
             "fraction": roof_s / step_s, "other_s": other, "first_step_s": first,
-            "shared": shared, "shared_roofline_s": shared_roof_s,
+            "shared": shared, "old_share": old_share, "work_roofline_s": work_roof_s,
             # each steady step's own figures: a slow step next to fast ones (e.g. a recompile) shows here
             "per_step": [{k: m.get(f"timing_s/{k}", 0.0) for k in ("step", "old_log_prob", "ref", "update_actor")}
                          | {"compile_s": sum(res["compile"].get(m.get("step", i + 2), (0.0, 0.0))),

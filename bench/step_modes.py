@@ -144,8 +144,9 @@ class InprocActor:
     def __init__(self, worker, run):
         self.w, self.run = worker, run
 
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False) -> DataProto:
-        return await self.run(self.w.compute_log_prob, batch, calculate_entropy)
+    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False,
+                               policy_from_row=0) -> DataProto:
+        return await self.run(self.w.compute_log_prob, batch, calculate_entropy, with_reference, policy_from_row)
 
     async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         return await self.run(self.w.compute_ref_log_prob, batch)
@@ -154,8 +155,8 @@ class InprocActor:
         metrics = await self.run(self.w.update_actor, batch)
         return metrics, self.w.weights_version
 
-    async def update_actor_on_policy(self, batch: DataProto) -> tuple[dict, int, DataProto]:
-        metrics, old = await self.run(self.w.update_actor_on_policy, batch)
+    async def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict, int, DataProto]:
+        metrics, old = await self.run(self.w.update_actor_on_policy, batch, rows)
         return metrics, self.w.weights_version, old
 
 

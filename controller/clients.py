@@ -30,11 +30,14 @@ class ActorClient(ServiceClient):
     def __init__(self, endpoint: str, **kw):
         super().__init__(endpoint, actor_pb2_grpc.ActorServiceStub, **kw)
 
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False) -> DataProto:
+    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False,
+                               policy_from_row: int = 0) -> DataProto:
         """old_log_probs (+ entropys) [rows, response_len]; with_reference: also ref_log_prob, the two
-        passes in this one call (one request carrying the rows)."""
+        passes in this one call (one request carrying the rows); policy_from_row: the rows before it
+        are left to the update (0 here)."""
         r = await self.call("ComputeLogProb", actor_pb2.ComputeLogProbRequest(
-            batch=codec.encode_batch(batch), calculate_entropy=calculate_entropy, with_reference=with_reference))
+            batch=codec.encode_batch(batch), calculate_entropy=calculate_entropy, with_reference=with_reference,
+            policy_from_row=policy_from_row))
         return codec.decode_batch(r.batch)
 
     async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
@@ -45,10 +48,12 @@ class ActorClient(ServiceClient):
         r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics), r.weights_version
 
-    async def update_actor_on_policy(self, batch: DataProto) -> tuple[dict, int, DataProto]:
+    async def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict, int, DataProto]:
         """UpdateActor without old_log_probs (one mini-batch, one epoch: they are the current
-        policy's) -> (metrics, weights version, the old_log_probs its forward pass computed)."""
-        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch), on_policy=True))
+        policy's), or (rows > 0) with the first `rows` rows' left to the update (the first
+        mini-batch) -> (metrics, weights version, the old_log_probs the update used)."""
+        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch), on_policy=True,
+                                                                        on_policy_rows=rows))
         return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch)
 
     async def train_sft(self, batch: DataProto) -> dict:

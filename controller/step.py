@@ -5,9 +5,9 @@
    varied rewards are kept, controller/dapo.py);
 2. log-probs and values: old and reference log-probs (in one actor call: trainer.log_probs_one_call)
    and the critic's values, concurrently;
-   when the update trains every row on the current weights (one mini-batch, one epoch, no KL
-   in the reward: the default), the old log-probs are the update's own forward pass's
-   (bit-identical, one forward pass less per step; TRL does the same) and come back in phase 4;
+   the rows the update trains on the current weights (every row of one mini-batch, else the
+   first mini-batch's; one epoch, no KL in the reward) take the update's own forward's old
+   log-probs (bit-identical, TRL does the same), which come back in phase 4;
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
 
@@ -25,7 +25,6 @@ import asyncio
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
 
 import torch
 
@@ -37,70 +36,16 @@ from tandem.controller import scoring
 from tandem.controller.dapo import collect_varied_groups
 from tandem.controller.reward_calls import RowScores, settle
 from tandem.controller.roles import Roles
+from tandem.controller.step_context import Advantages, LogProbs, StepContext
 from tandem.controller.step_metrics import data_metrics, perf_metrics
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
+from tandem.rpc.errors import InvalidArgument
 
 _log = get_logger("controller.step")
 
 SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
 Prompts = DataProto | Callable[[int], DataProto]  # a batch, or k -> the next k prompts
-
-
-@dataclass(frozen=True)
-class StepContext:
-    """What every step of a run works with."""
-
-    roles: Roles
-    cfg: TandemConfig
-    tokenizer: object
-    kl_ctrl: object  # tandem.algos.kl controller: its coefficient moves when KL is in the reward
-
-    @property
-    def n(self) -> int:
-        return self.cfg.actor_rollout_ref.rollout.n
-
-    @property
-    def use_critic(self) -> bool:
-        return self.cfg.algorithm.adv_estimator == "gae"
-
-    @property
-    def n_gpus(self) -> int:
-        """Devices the step runs on (verl's n_gpus): the largest model service, as roles share them."""
-        s, standalone = self.cfg.services, self.cfg.actor_rollout_ref.rollout.mode == "standalone"
-        return max(s.actor.world_size, s.critic.world_size if self.use_critic else 1,
-                   s.rollout.world_size if standalone else 1)
-
-    @property
-    def need_ref(self) -> bool:
-        return self.cfg.actor_rollout_ref.actor.use_kl_loss or self.cfg.algorithm.use_kl_in_reward
-
-    def on_policy_update(self, rows: int) -> bool:
-        """Whether the update's own forward pass gives the old log-probs (no separate pass): every
-        row is trained on the current weights (one mini-batch, one epoch; as the default) and
-        nothing needs them before the update (KL in the reward does)."""
-        a = self.cfg.actor_rollout_ref.actor
-        return a.ppo_epochs == 1 and rows <= a.ppo_mini_batch_size * self.n and not self.cfg.algorithm.use_kl_in_reward
-
-
-@dataclass
-class LogProbs:
-    """Phase 2's outputs, one row per generated row."""
-
-    old: DataProto | None  # old_log_probs [B, R]; on-policy updates fill it in (phase 4)
-    ref: DataProto | None  # ref_log_prob [B, R], when KL is in the loss or the reward
-    values: DataProto | None  # values [B, R], with a critic
-
-
-@dataclass
-class Advantages:
-    """Phase 3's outputs, all [B, R] over the response tokens."""
-
-    mask: torch.Tensor  # response mask, float
-    token_scores: torch.Tensor  # outcome reward on each row's last token
-    rewards: torch.Tensor  # token_scores minus the KL penalty when it is in the reward
-    advantages: torch.Tensor
-    returns: torch.Tensor
 
 
 @contextmanager
@@ -160,18 +105,16 @@ def nothing_to_train(gen: DataProto, step: int, metrics: dict[str, float]) -> bo
 
 async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
                    update_guard: AbstractAsyncContextManager | None = None,
-                   early: tuple[LogProbs, bool] | None = None) -> int | None:
+                   early: LogProbs | None = None) -> int | None:
     """Phases 2-4 on a scored batch with rows, its metrics added to `metrics` -> the actor's weights
     version after its update (None: the actor did not update, trainer.critic_warmup). `update_guard`
     is held around the update (the asynchronous loop keeps weight syncs out of it). `early`: phase
-    2's results (and whether the update is on-policy), computed while the batch was scored."""
+    2's results, computed while the batch was scored."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
     if early is None:
-        on_policy = on_policy_step(ctx, len(seq), step)
-        lp = await log_probs_and_values(ctx, seq, metrics, old=not on_policy)
-    else:
-        lp, on_policy = early
+        early = await log_probs_and_values(ctx, seq, metrics, own=on_policy_step(ctx, len(seq), step))
+    lp = early
     with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
@@ -186,9 +129,9 @@ async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[st
     return version
 
 
-def on_policy_step(ctx: StepContext, rows: int, step: int) -> bool:
-    """Whether the update's own forward gives the old log-probs (not while the critic warms up)."""
-    return ctx.on_policy_update(rows) and step > ctx.cfg.trainer.critic_warmup
+def on_policy_step(ctx: StepContext, rows: int, step: int) -> int:
+    """Leading rows whose old log-probs the update's own forward gives (none while the critic warms up)."""
+    return ctx.on_policy_rows(rows) if step > ctx.cfg.trainer.critic_warmup else 0
 
 
 class EarlyLogProbs:
@@ -201,21 +144,22 @@ class EarlyLogProbs:
     def __init__(self, ctx: StepContext, step: int, metrics: dict[str, float]):
         self.ctx, self.step, self.metrics = ctx, step, metrics
         self.task: asyncio.Task | None = None
-        self.on_policy, self.generated = False, 0
+        self.generated = 0
 
     def start(self, gen: DataProto) -> None:
-        self.on_policy = on_policy_step(self.ctx, len(gen), self.step)  # fewer rows later: still on-policy
+        # fewer rows later: rows computed by the update stay among the first `own` (scoring keeps the order)
+        own = on_policy_step(self.ctx, len(gen), self.step)
         self.task = asyncio.ensure_future(log_probs_and_values(self.ctx, sequences(gen, self.ctx.cfg), self.metrics,
-                                                               old=not self.on_policy))
+                                                               own=own))
         self.generated = len(gen)
         gen.tensors[self.ROW] = torch.arange(len(gen))
 
-    async def result(self, gen: DataProto) -> tuple[LogProbs, bool]:
+    async def result(self, gen: DataProto) -> LogProbs:
         """Phase 2's results for the rows of `gen` that scoring kept (and `gen` without the row numbers)."""
         lp, rows = await self.task, gen.tensors.pop(self.ROW)
         if len(rows) != self.generated:  # scoring dropped rows (keeping the others' order)
-            lp = LogProbs(*(None if x is None else x.index(rows) for x in (lp.old, lp.ref, lp.values)))
-        return lp, self.on_policy
+            lp = LogProbs(*(None if x is None else x.index(rows) for x in (lp.old, lp.ref, lp.values)), own=lp.own)
+        return lp
 
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
@@ -284,15 +228,16 @@ def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
 # ---- phase 2: log-probs and values ----------------------------------------------------------
 
 async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None,
-                               old: bool = True) -> LogProbs:
-    """Old log-probs (unless the update computes them: `old=False`), reference log-probs and
-    values, concurrently (each timed on its own); trainer.log_probs_one_call: old and reference in
-    one actor call (both timings are that call's)."""
+                               own: int = 0) -> LogProbs:
+    """Old log-probs (but those of the first `own` rows: the update computes them; every row's:
+    no pass), reference log-probs and values, concurrently (each timed on its own);
+    trainer.log_probs_one_call: old and reference in one actor call (both timings are that call's)."""
     actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
+    old = own < len(seq)
     if old and ctx.need_ref and ctx.cfg.trainer.log_probs_one_call:  # one call: both timings are its own
         t0 = time.perf_counter()
         both, values = await asyncio.gather(
-            actor.compute_log_prob(seq, with_reference=True),
+            actor.compute_log_prob(seq, with_reference=True, policy_from_row=own),
             _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
         for key in (M.TIMING_OLD_LOG_PROB, M.TIMING_REF):
             timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
@@ -300,12 +245,12 @@ async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict |
             raise RuntimeError("the actor service returned no ref_log_prob for ComputeLogProb with_reference: it "
                                "predates that field; restart it on this version or set trainer.log_probs_one_call=false")
         ref = DataProto(tensors={"ref_log_prob": both.tensors.pop("ref_log_prob")})
-        return LogProbs(both, ref, values)
+        return LogProbs(both, ref, values, own)
     old, ref, values = await asyncio.gather(
-        _timed(actor.compute_log_prob(seq) if old else None, timings, M.TIMING_OLD_LOG_PROB),
+        _timed(actor.compute_log_prob(seq, policy_from_row=own) if old else None, timings, M.TIMING_OLD_LOG_PROB),
         _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
         _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
-    return LogProbs(old, ref, values)
+    return LogProbs(old, ref, values, own if old is not None else 0)
 
 
 # ---- phase 3: advantages --------------------------------------------------------------------
@@ -373,12 +318,15 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, criti
     """The actor's and the critic's updates, concurrently (each timed on its own); a None batch: no
     update of that role (no critic, or trainer.critic_warmup) -> (their metrics, the actor's
     weights version after its update, None when it did not update). An on-policy actor update
-    (lp.old is None) fills in lp.old with the old log-probs its forward pass computed."""
+    (lp.old is None, or its first lp.own rows) fills in lp.old with the old log-probs it used."""
     timings = {} if timings is None else timings
     if actor_batch is None:
         actor_call = None
-    elif lp.old is None:
-        actor_call = roles.actor.update_actor_on_policy(actor_batch)
+    elif lp.old is None or lp.own >= len(actor_batch):  # every row's old log-probs are the update's
+        actor_call = roles.actor.update_actor_on_policy(
+            actor_batch.select(tensor_keys=[k for k in actor_batch.tensors if k != "old_log_probs"]))
+    elif lp.own:
+        actor_call = _first_mini_batch_on_policy(roles.actor, actor_batch, lp.own)
     else:
         actor_call = roles.actor.update_actor(actor_batch)
     actor_out, critic_metrics = await asyncio.gather(
@@ -387,6 +335,16 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, criti
                M.TIMING_UPDATE_CRITIC))
     if not actor_out:
         return dict(critic_metrics or {}), None
-    if lp.old is None:
-        lp.old = actor_out[2]
+    if lp.old is None or lp.own:
+        lp.old, lp.own = actor_out[2], 0
     return {**actor_out[0], **(critic_metrics or {})}, actor_out[1]
+
+
+async def _first_mini_batch_on_policy(actor, batch: DataProto, rows: int):
+    try:
+        return await actor.update_actor_on_policy(batch, rows=rows)
+    except InvalidArgument as e:  # a service older than on_policy_rows reads on_policy alone: refused, unchanged
+        if "the batch carries old_log_probs" not in str(e):
+            raise
+        raise RuntimeError("the actor service refused UpdateActor's on_policy_rows: it predates that field (nothing was "
+                           "updated); restart it on this version or set trainer.old_log_probs_from_update=false") from e

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 from tandem.algos import metrics as M
 
-if TYPE_CHECKING:  # annotations only: step.py imports this module
-    from tandem.controller.step import Advantages, LogProbs, StepContext
+if TYPE_CHECKING:  # annotations only
+    from tandem.controller.step_context import Advantages, LogProbs, StepContext
     from tandem.data.batch import DataProto
 
 

@@ -6,12 +6,14 @@ the weight plane's check that a transfer was not torn by an update, tandem/weigh
 """
 from __future__ import annotations
 
+import torch
+
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
 from tandem.services.actor.worker import ActorWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
-from tandem.train.losses import loss_units
+from tandem.train.losses import ON_POLICY_ROW, loss_units
 
 
 class ActorFront:
@@ -37,19 +39,31 @@ class ActorFront:
         return self.actor_cfg.ppo_mini_batch_size * n
 
     def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False,
-                         with_reference: bool = False) -> DataProto:
+                         with_reference: bool = False, policy_from_row: int = 0) -> DataProto:
         """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys'; with_reference:
-        + 'ref_log_prob', compute_ref_log_prob's pass right after, in this call).
+        + 'ref_log_prob', compute_ref_log_prob's pass right after, in this call). policy_from_row:
+        the policy's pass starts there (whole mini-batches); the rows before it are the update's own
+        (update_actor_on_policy's `rows`) and come back as 0.
 
         Same mini-batch / DP / micro-batch layout as the update, so the first on-policy
         mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
+        per_mini = self._rows_per_mini(batch)
+        if policy_from_row < 0 or policy_from_row % per_mini or policy_from_row > len(batch):
+            raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
+                                  f"{per_mini} rows within the batch's {len(batch)}")
         micro = self.actor_cfg.ppo_micro_batch_size_per_gpu
-        out = self.door.map_rows("log_probs", batch, "policy", float(batch.meta.get("temperature", 1.0)),
-                                 calculate_entropy, micro, rows_per_mini=self._rows_per_mini(batch),
-                                 micro_rows=micro)
-        tensors = {"old_log_probs": out["log_probs"]}
-        if calculate_entropy:
-            tensors["entropys"] = out["entropys"]
+        tensors = {}
+        if policy_from_row < len(batch):
+            rows = batch if policy_from_row == 0 else batch.slice(policy_from_row, len(batch))
+            out = self.door.map_rows("log_probs", rows, "policy", float(batch.meta.get("temperature", 1.0)),
+                                     calculate_entropy, micro, rows_per_mini=per_mini, micro_rows=micro)
+            tensors = {"old_log_probs": out["log_probs"]}
+            if calculate_entropy:
+                tensors["entropys"] = out["entropys"]
+        if policy_from_row:  # the skipped rows: 0 (the update computes them)
+            r = batch["responses"].shape[1]
+            tensors = {k: torch.cat([torch.zeros(policy_from_row, r), tensors[k]]) if k in tensors
+                       else torch.zeros(len(batch), r) for k in ("old_log_probs", *(["entropys"] * calculate_entropy))}
         if with_reference:
             tensors.update(self.compute_ref_log_prob(batch).tensors)
         return DataProto(tensors=tensors)
@@ -63,18 +77,33 @@ class ActorFront:
     def update_actor(self, batch: DataProto) -> dict[str, float]:
         return self._update(batch, on_policy=False)[0]
 
-    def update_actor_on_policy(self, batch: DataProto) -> tuple[dict[str, float], DataProto]:
-        """update_actor for a batch without old_log_probs, when they are the current policy's
-        (check_on_policy): the update's own forward gives them -> (metrics, 'old_log_probs' [B, R])."""
-        self.check_on_policy(batch)
-        return self._update(batch, on_policy=True)
+    def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict[str, float], DataProto]:
+        """update_actor where the update's own forward gives the old log-probs of the rows trained on
+        the current weights (check_on_policy): every row (rows=0: the batch carries no old_log_probs),
+        or the first `rows` (the first mini-batch; the batch's old_log_probs of the others are used)
+        -> (metrics, 'old_log_probs' [B, R] as the update used them)."""
+        self.check_on_policy(batch, rows)
+        if rows:
+            batch = batch.union(DataProto(tensors={ON_POLICY_ROW: torch.arange(len(batch)) < rows}))
+        return self._update(batch, on_policy=not rows)
 
-    def check_on_policy(self, batch: DataProto) -> None:
-        """Every row must be trained on the current weights: one mini-batch, one epoch."""
-        a, rows = self.actor_cfg, self._rows_per_mini(batch)
-        if a.ppo_epochs != 1 or len(batch) > rows:
+    def check_on_policy(self, batch: DataProto, rows: int = 0) -> None:
+        """Every row given the update's own old log-probs must be trained on the current weights:
+        one mini-batch (or the first one, unshuffled), one epoch."""
+        a, per_mini = self.actor_cfg, self._rows_per_mini(batch)
+        if rows:
+            if a.ppo_epochs != 1 or a.shuffle or rows != per_mini or rows >= len(batch):
+                raise InvalidArgument(
+                    f"on_policy_rows: {rows} rows of {len(batch)} take the update's own old log-probs; that is "
+                    f"only the first mini-batch ({per_mini} rows = ppo_mini_batch_size x rollout_n), of a batch "
+                    f"with more, over ppo_epochs=1 (got {a.ppo_epochs}) with the actor's shuffle off (got {a.shuffle})")
+            if "old_log_probs" not in batch.tensors:
+                raise InvalidArgument("on_policy_rows: the batch carries no old_log_probs for the rows after the "
+                                      "first mini-batch")
+            return
+        if a.ppo_epochs != 1 or len(batch) > per_mini:
             raise InvalidArgument(
-                f"on_policy: {len(batch)} rows in mini-batches of {rows} (ppo_mini_batch_size x rollout_n) "
+                f"on_policy: {len(batch)} rows in mini-batches of {per_mini} (ppo_mini_batch_size x rollout_n) "
                 f"over ppo_epochs={a.ppo_epochs}: rows after the first optimizer step are trained on newer "
                 "weights than the ones that sampled them; send old_log_probs (ComputeLogProb) instead")
 

@@ -39,7 +39,7 @@ class ActorServicer(WeightSourceServicer):
     async def ComputeLogProb(self, request, context):
         batch = self._decode(request)
         out = await self.thread.run(self.worker.compute_log_prob, batch, request.calculate_entropy,
-                                    request.with_reference)
+                                    request.with_reference, request.policy_from_row)
         return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
 
     async def ComputeRefLogProb(self, request, context):
@@ -48,17 +48,22 @@ class ActorServicer(WeightSourceServicer):
         return actor_pb2.ComputeRefLogProbResponse(batch=codec.encode_batch(out))
 
     async def UpdateActor(self, request, context):
-        keys = ON_POLICY_KEYS if request.on_policy else UPDATE_KEYS  # on_policy: old_log_probs come from the update
+        # on_policy: old_log_probs come from the update (every row's, or with on_policy_rows the first rows')
+        whole = request.on_policy and not request.on_policy_rows
+        keys = ON_POLICY_KEYS if whole else UPDATE_KEYS
         keys += ("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ()
         keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
+        if request.on_policy_rows and not request.on_policy:
+            raise InvalidArgument("on_policy_rows: set only with on_policy")
         batch = self._decode(request, keys)
         if not request.on_policy:
             metrics = await self.thread.run(self.worker.update_actor, batch)
             return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
-        if "old_log_probs" in batch.tensors:
+        if whole and "old_log_probs" in batch.tensors:
             raise InvalidArgument("on_policy: the batch carries old_log_probs; the update computes them itself")
-        self.worker.check_on_policy(batch)  # before the worker thread: a bad request changes nothing
-        metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch)
+        rows = request.on_policy_rows
+        self.worker.check_on_policy(batch, rows)  # before the worker thread: a bad request changes nothing
+        metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch, rows)
         return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
                                              batch=codec.encode_batch(old))
 

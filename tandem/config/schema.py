@@ -288,11 +288,11 @@ class TrainerConfig:
     total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
     total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
     critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
-    # Tandem's: old / reference log-probs and values start when the rows are generated, while they
-    # are scored (controller/step.py EarlyLogProbs); ignored with DAPO's dynamic sampling and async_training
+    # Tandem's: log-probs and values start at generation's end, while scoring (not with DAPO's filter, async)
     log_probs_with_scoring: bool = False
-    # Tandem's: old and reference log-probs in one actor call (one request carrying the rows), not two
-    log_probs_one_call: bool = True
+    log_probs_one_call: bool = True  # Tandem's: old and reference log-probs in one actor call, not two
+    # Tandem's: the update's own forward gives the old log-probs of the rows it trains on the sampling weights
+    old_log_probs_from_update: bool = True
     log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab

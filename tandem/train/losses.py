@@ -19,6 +19,10 @@ from tandem.models.scalar_head import token_values
 from tandem.parallel import device
 from tandem.train.schedule import reads_responses_only
 
+# a bool [B] column the actor's front adds (update_actor_on_policy's `rows`): the row's old
+# log-probs are this forward's own (the first mini-batch), not the batch's old_log_probs
+ON_POLICY_ROW = "__on_policy_row__"
+
 
 def loss_units(mask: torch.Tensor, loss_agg_mode: str) -> int:
     """What a loss_agg_mode averages over: kept tokens (token-mean) or rows (seq-mean-*).
@@ -65,7 +69,9 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
 
     on_policy: the micro-batch has no old log-probs because they are the current policy's: this
     forward pass's own (detached; the same numbers a separate log-prob pass gives, so the same
-    loss and gradient), also returned per row as metrics["old_log_probs"] [B, R]."""
+    loss and gradient), also returned per row as metrics["old_log_probs"] [B, R]. A batch with the
+    ON_POLICY_ROW column does the same for its marked micro-batches and returns every micro-batch's."""
+    on_policy, per_row = _own_old_log_probs(mb, on_policy)
     dev = device.device()
     mask = device.to_device(mb["response_mask"], dev).float()
     # with no entropy bonus the entropy is only a metric: keep its [n, V] graph out of backward
@@ -101,9 +107,20 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
         loss = loss + cfg.kl_loss_coef * kl
         metrics[M.ACTOR_KL_LOSS] = kl
     out = _scalars(metrics)
-    if on_policy:  # per row, left on the device: train_steps reads them back once per mini-batch
+    if per_row:  # per row, left on the device: train_steps reads them back once per mini-batch
         out["old_log_probs"] = old_log_prob.float()
     return loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), out
+
+
+def _own_old_log_probs(mb: DataProto, on_policy: bool) -> tuple[bool, bool]:
+    """-> (whether this micro-batch takes its own forward's old log-probs, whether it returns its
+    old log-probs per row). Marked rows form whole mini-batches, so a micro-batch is all or none."""
+    own = mb.tensors.get(ON_POLICY_ROW)
+    if own is None:
+        return on_policy, on_policy
+    if bool(own.any()) != bool(own.all()):
+        raise ValueError(f"{ON_POLICY_ROW}: a micro-batch mixes rows with and without their own old log-probs")
+    return on_policy or bool(own.all()), True
 
 
 def _scalars(metrics: dict) -> dict:

@@ -10,14 +10,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ComputeLogProbRequest(_message.Message):
-    __slots__ = ("batch", "calculate_entropy", "with_reference")
+    __slots__ = ("batch", "calculate_entropy", "with_reference", "policy_from_row")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FROM_ROW_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     calculate_entropy: bool
     with_reference: bool
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ...) -> None: ...
+    policy_from_row: int
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., policy_from_row: _Optional[int] = ...) -> None: ...
 
 class ComputeLogProbResponse(_message.Message):
     __slots__ = ("batch",)
@@ -38,12 +40,14 @@ class ComputeRefLogProbResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class UpdateActorRequest(_message.Message):
-    __slots__ = ("batch", "on_policy")
+    __slots__ = ("batch", "on_policy", "on_policy_rows")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ON_POLICY_FIELD_NUMBER: _ClassVar[int]
+    ON_POLICY_ROWS_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     on_policy: bool
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ...) -> None: ...
+    on_policy_rows: int
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ..., on_policy_rows: _Optional[int] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
     __slots__ = ("metrics", "weights_version", "batch")

@@ -2,7 +2,8 @@
 gives the same step metrics (losses, KL, rewards, log-prob diffs: everything but timings and memory)
 as with it off, on the same seeds; with old and reference log-probs (two mini-batches, KL loss),
 and when scoring drops rows (their log-probs leave with them); and old and reference log-probs in one
-actor call (trainer.log_probs_one_call) against two."""
+actor call (trainer.log_probs_one_call) against two; the first mini-batch's old log-probs from the
+update (trainer.old_log_probs_from_update) against a pass over every row."""
 import json
 import os
 
@@ -54,4 +55,15 @@ def test_same_metrics_with_old_and_reference_log_probs_in_one_call(tmp_path):
     one = step_metrics(tmp_path, "one", False, "trainer.log_probs_one_call=true")
     assert len(one) == len(two) == 2 and "actor/kl_loss" in one[0]  # the reference ran
     for a, b in zip(two, one):
+        assert a.keys() == b.keys() and differences(a, b) == {}
+
+
+def test_same_metrics_with_the_first_mini_batch_old_log_probs_from_the_update(tmp_path):
+    """trainer.old_log_probs_from_update (the default): two mini-batches here, the first one's old
+    log-probs from the update's own forward (the log-prob pass takes the second only); the same
+    numbers as a pass over every row, rollout_probs_diff included (the update returns them)."""
+    off = step_metrics(tmp_path, "pass", False, "trainer.old_log_probs_from_update=false")
+    on = step_metrics(tmp_path, "update", True, "trainer.old_log_probs_from_update=true")
+    assert len(on) == len(off) == 2 and "training/rollout_probs_diff_max" in on[0]
+    for a, b in zip(off, on):
         assert a.keys() == b.keys() and differences(a, b) == {}

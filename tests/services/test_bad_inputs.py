@@ -140,10 +140,33 @@ def test_actor_on_policy_update_bad_inputs_then_the_old_log_probs_of_a_separate_
         metrics, version, old = await actor.update_actor_on_policy(train)
         assert version == version0 + 1 and metrics["actor/ppo_kl"] == 0.0
         assert torch.equal(old["old_log_probs"], lp0)
+        await _first_mini_batch_from_the_update(services, actor, twice, version + 1)
         await actor.close()
         await rollout.close()
 
     asyncio.run(main())
+
+
+async def _first_mini_batch_from_the_update(services, actor, twice, version):
+    """Two mini-batches (16 rows): the first one's old log-probs left to the update (policy_from_row,
+    on_policy_rows); bad requests refused with state intact, then a good one."""
+    lp = (await actor.compute_log_prob(twice))["old_log_probs"]
+    part = (await actor.compute_log_prob(twice, policy_from_row=8))["old_log_probs"]
+    assert torch.equal(part[8:], lp[8:]) and torch.equal(part[:8], torch.zeros_like(part[:8]))
+    train = services.with_tensor(twice, "old_log_probs", part)
+    await services.expect_error(actor.compute_log_prob(twice, policy_from_row=3), INVALID, "ComputeLogProb",
+                                "policy_from_row: 3 is not a whole number of mini-batches of 8")
+    for rows, batch, frags in [(4, train, ("on_policy_rows: 4 rows of 16", "(8 rows")),
+                               (8, twice, ("missing tensor 'old_log_probs'",))]:
+        await services.expect_error(actor.update_actor_on_policy(batch, rows=rows), INVALID, "UpdateActor", *frags)
+    bare = actor_pb2.UpdateActorRequest(batch=codec.encode_batch(train), on_policy_rows=8)  # without on_policy
+    err = await services.raw_call(services.endpoints["actor"], "/tandem.v1.ActorService/UpdateActor",
+                                  bare.SerializeToString())
+    assert err.code() == INVALID and "on_policy_rows: set only with on_policy" in err.details()
+    assert await actor.weights_version() == version - 1
+    assert torch.equal((await actor.compute_log_prob(twice))["old_log_probs"], lp)
+    metrics, v, old = await actor.update_actor_on_policy(train, rows=8)
+    assert v == version and torch.equal(old["old_log_probs"], lp)  # the first 8 rows' from the update's forward
 
 
 def test_rollout_generate_bad_inputs(services):

@@ -151,7 +151,7 @@ def test_an_actor_service_without_with_reference_gets_a_clear_error():
     from tandem.controller.step import StepContext, log_probs_and_values
 
     class OldActor:  # the reply of a service that does not know the field
-        async def compute_log_prob(self, seq, with_reference=False):
+        async def compute_log_prob(self, seq, with_reference=False, policy_from_row=0):
             return DataProto(tensors={"old_log_probs": torch.zeros(len(seq), 3)})
 
     cfg = load_config(None, ["actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.rollout.n=2"])
@@ -159,4 +159,43 @@ def test_an_actor_service_without_with_reference_gets_a_clear_error():
                       kl_ctrl=None)
     seq = DataProto(tensors={"input_ids": torch.zeros(2, 4, dtype=torch.long)})
     with pytest.raises(RuntimeError, match="no ref_log_prob .* predates that field.*log_probs_one_call=false"):
-        asyncio.run(log_probs_and_values(ctx, seq, old=True))
+        asyncio.run(log_probs_and_values(ctx, seq))
+
+
+def test_an_actor_service_without_on_policy_rows_gets_a_clear_error():
+    """An actor service older than UpdateActor's on_policy_rows reads on_policy alone and refuses a
+    batch with old_log_probs (nothing updated): the step says what to do."""
+    import asyncio
+    import types
+
+    from tandem.controller.step import LogProbs, update_actor_critic
+    from tandem.rpc.errors import InvalidArgument
+
+    class OldActor:
+        async def update_actor_on_policy(self, batch, rows=0):
+            raise InvalidArgument("ActorService.UpdateActor: on_policy: the batch carries old_log_probs; "
+                                  "the update computes them itself")
+
+    batch = DataProto(tensors={"old_log_probs": torch.zeros(8, 3)})
+    lp = LogProbs(old=batch, ref=None, values=None, own=4)
+    with pytest.raises(RuntimeError, match="predates that field .*old_log_probs_from_update=false"):
+        asyncio.run(update_actor_critic(types.SimpleNamespace(actor=OldActor()), batch, None, lp))
+
+
+@pytest.mark.parametrize("extra,rows,own", [
+    ((), 8, 4),  # two mini-batches of 2 prompts x 2: the first one's
+    ((), 4, 4),  # one mini-batch: every row
+    ((), 3, 3),  # scoring dropped a row
+    (("actor_rollout_ref.actor.shuffle=true",), 8, 0),  # the first mini-batch is a random draw
+    (("actor_rollout_ref.actor.shuffle=true",), 4, 4),  # ... but one mini-batch is every row anyway
+    (("actor_rollout_ref.actor.ppo_epochs=2",), 4, 0),
+    (("algorithm.use_kl_in_reward=true",), 8, 0),  # the reward needs every row's before the update
+    (("trainer.old_log_probs_from_update=false",), 4, 0),
+])
+def test_which_rows_take_the_updates_own_old_log_probs(extra, rows, own):
+    from tandem.config import load_config
+    from tandem.controller.step import StepContext
+
+    cfg = load_config(None, ["actor_rollout_ref.rollout.n=2", "actor_rollout_ref.actor.ppo_mini_batch_size=2", *extra])
+    assert StepContext(roles=None, cfg=cfg, tokenizer=None, kl_ctrl=None).on_policy_rows(rows) == own
+
