@@ -112,9 +112,9 @@ async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[st
     2's results, computed while the batch was scored."""
     metrics.update(scoring.reward_metrics(gen, ctx.cfg))
     seq = sequences(gen, ctx.cfg)
-    if early is None:
-        early = await log_probs_and_values(ctx, seq, metrics, own=on_policy_step(ctx, len(seq), step))
     lp = early
+    if lp is None:
+        lp = await log_probs_and_values(ctx, seq, metrics, own=on_policy_step(ctx, len(seq), step))
     with timed(metrics, M.TIMING_ADV):
         adv, kl_metrics = compute_advantages(ctx, gen, lp)
         metrics.update(kl_metrics)
@@ -233,8 +233,8 @@ async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict |
     no pass), reference log-probs and values, concurrently (each timed on its own);
     trainer.log_probs_one_call: old and reference in one actor call (both timings are that call's)."""
     actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
-    old = own < len(seq)
-    if old and ctx.need_ref and ctx.cfg.trainer.log_probs_one_call:  # one call: both timings are its own
+    old_pass = own < len(seq)
+    if old_pass and ctx.need_ref and ctx.cfg.trainer.log_probs_one_call:  # one call: both timings are its own
         t0 = time.perf_counter()
         both, values = await asyncio.gather(
             actor.compute_log_prob(seq, with_reference=True, policy_from_row=own),
@@ -247,10 +247,11 @@ async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict |
         ref = DataProto(tensors={"ref_log_prob": both.tensors.pop("ref_log_prob")})
         return LogProbs(both, ref, values, own)
     old, ref, values = await asyncio.gather(
-        _timed(actor.compute_log_prob(seq, policy_from_row=own) if old else None, timings, M.TIMING_OLD_LOG_PROB),
+        _timed(actor.compute_log_prob(seq, policy_from_row=own) if old_pass else None, timings,
+               M.TIMING_OLD_LOG_PROB),
         _timed(actor.compute_ref_log_prob(seq) if ctx.need_ref else None, timings, M.TIMING_REF),
         _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
-    return LogProbs(old, ref, values, own if old is not None else 0)
+    return LogProbs(old, ref, values, own if old_pass else 0)
 
 
 # ---- phase 3: advantages --------------------------------------------------------------------

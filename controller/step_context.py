@@ -46,7 +46,8 @@ class StepContext:
         them): those trained on the sampling weights (every row of one mini-batch, else the first
         unshuffled mini-batch's; one epoch) when nothing needs them before the update (KL in the
         reward does); 0 with trainer.old_log_probs_from_update off."""
-        a, per_mini = self.cfg.actor_rollout_ref.actor, self.cfg.actor_rollout_ref.actor.ppo_mini_batch_size * self.n
+        a = self.cfg.actor_rollout_ref.actor
+        per_mini = a.ppo_mini_batch_size * self.n
         if not self.cfg.trainer.old_log_probs_from_update or a.ppo_epochs != 1 or self.cfg.algorithm.use_kl_in_reward:
             return 0
         return rows if rows <= per_mini else 0 if a.shuffle else per_mini

@@ -52,18 +52,14 @@ class ActorFront:
             raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
                                   f"{per_mini} rows within the batch's {len(batch)}")
         micro = self.actor_cfg.ppo_micro_batch_size_per_gpu
-        tensors = {}
-        if policy_from_row < len(batch):
-            rows = batch if policy_from_row == 0 else batch.slice(policy_from_row, len(batch))
-            out = self.door.map_rows("log_probs", rows, "policy", float(batch.meta.get("temperature", 1.0)),
-                                     calculate_entropy, micro, rows_per_mini=per_mini, micro_rows=micro)
-            tensors = {"old_log_probs": out["log_probs"]}
-            if calculate_entropy:
-                tensors["entropys"] = out["entropys"]
-        if policy_from_row:  # the skipped rows: 0 (the update computes them)
-            r = batch["responses"].shape[1]
-            tensors = {k: torch.cat([torch.zeros(policy_from_row, r), tensors[k]]) if k in tensors
-                       else torch.zeros(len(batch), r) for k in ("old_log_probs", *(["entropys"] * calculate_entropy))}
+        rows = batch.slice(policy_from_row, len(batch))
+        out = self.door.map_rows("log_probs", rows, "policy", float(batch.meta.get("temperature", 1.0)),
+                                 calculate_entropy, micro, rows_per_mini=per_mini,
+                                 micro_rows=micro) if len(rows) else DataProto()
+        skipped = torch.zeros(policy_from_row, batch["responses"].shape[1])  # the update computes them
+        tensors = {"old_log_probs": torch.cat([skipped, out.tensors.get("log_probs", skipped[:0])])}
+        if calculate_entropy:
+            tensors["entropys"] = torch.cat([skipped, out.tensors.get("entropys", skipped[:0])])
         if with_reference:
             tensors.update(self.compute_ref_log_prob(batch).tensors)
         return DataProto(tensors=tensors)
