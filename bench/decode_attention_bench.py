@@ -7,11 +7,13 @@ dim 64 / 128), bf16, every slot at position kv_len - 1 (the whole bucket is cont
   triton  decode_attention.decode_attention: writes K and V itself, split-K over the context
 Each variant is checked against an fp32 SDPA of the same cache (max abs difference,
 cache contents), then timed as a CUDA graph of one call per layer over `--layers`
-layers (so K and V come from HBM, not L2); printed: us per layer, the K + V bytes
+layers (so K and V come from HBM, not L2); `--prefix P --n N`: also the prefix ("cascade")
+kernel with each N consecutive slots one prompt group sharing its first P positions (triton_prefix,
+its difference from the plain kernel, and its speed-up over it); printed: us per layer, the K + V bytes
 read per second and, as same-run ratios, triton's speed-up over sdpa and each variant's read
 rate against the device copy rate measured at the start (bench/generation_bench.py's). `--sweep` also times the kernel over splits x block_n x warps x stages.
 
-    python bench/decode_attention_bench.py [--batches 64,256] [--kv-len 768] [--sweep]
+    python bench/decode_attention_bench.py [--batches 64,256] [--kv-len 768] [--sweep] [--prefix 192 --n 8]
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from generation_bench import copy_rate  # noqa: E402
 
 from tandem.generation import decode_attention as da  # noqa: E402
 from tandem.generation.kv_cache import KVCache  # noqa: E402
+from tandem.generation.prefix_groups import PrefixGroups  # noqa: E402
 
 LAYOUTS = {"0.5b": (2, 7, 64), "1.5b": (2, 6, 128)}  # (kv heads, q heads per kv head, head dim)
 OUT = os.environ.get("OUT", ".")
@@ -59,7 +62,7 @@ def graph_us(fn, reps: int = 20) -> float:
     return start.elapsed_time(end) / reps * 1e3
 
 
-def case(name, batch, kv_len, layers, sweep, rate) -> None:
+def case(name, batch, kv_len, layers, sweep, rate, prefix=0, n=1) -> None:
     groups, qpg, d = LAYOUTS[name]
     dev, dtype, scale = torch.device("cuda"), torch.bfloat16, d ** -0.5
     torch.manual_seed(batch)
@@ -97,12 +100,26 @@ def case(name, batch, kv_len, layers, sweep, rate) -> None:
            "max_abs_diff_vs_fp32": float((out.float() - ref).abs().max()),
            "sdpa_bf16_max_abs_diff_vs_fp32": float((sdpa_bf16.float() - ref).abs().max()),
            "cache_written": written}
-    for variant, fn in (("sdpa", sdpa_step), ("triton", kernel_step)):
+    variants = [("sdpa", sdpa_step), ("triton", kernel_step)]
+    if prefix:  # groups of n consecutive slots share positions < prefix (the prefill's copies)
+        groups_ = PrefixGroups(batch, n, dev)
+        groups_.admit([(tuple(range(s, s + n)), prefix) for s in range(0, batch - n + 1, n)])
+        first = torch.arange(batch, device=dev) // n * n
+        cache.k[:, :, :, :prefix] = cache.k[:, first, :, :prefix]
+        cache.v[:, :, :, :prefix] = cache.v[:, first, :, :prefix]
+        shared = da.decode_attention(q[0], kv[0, :, :, 0], kv[0, :, :, 1], cache.k[0], cache.v[0], pos, kv_len,
+                                     scale, prefix=groups_.tensors())
+        plain = da.decode_attention(q[0], kv[0, :, :, 0], kv[0, :, :, 1], cache.k[0], cache.v[0], pos, kv_len, scale)
+        rec["prefix_max_abs_diff_vs_plain"] = float((shared.float() - plain.float()).abs().max())
+        variants.append(("triton_prefix", lambda: kernel_step(prefix=groups_.tensors())))
+    for variant, fn in variants:
         us = graph_us(fn) / layers
         rec[f"{variant}_us_per_layer"] = us
         rec[f"{variant}_TBps"] = kv_bytes / us / 1e6
         rec[f"{variant}_read_share_of_copy_rate"] = kv_bytes / (us / 1e6) / rate  # read rate / (read + write) rate
     rec["triton_speedup_vs_sdpa"] = rec["sdpa_us_per_layer"] / rec["triton_us_per_layer"]
+    if prefix:
+        rec["prefix_speedup_vs_triton"] = rec["triton_us_per_layer"] / rec["triton_prefix_us_per_layer"]
     emit(rec)
     if sweep:
         rows = []
@@ -125,13 +142,15 @@ def main():
     ap.add_argument("--kv-len", type=int, default=768)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--prefix", type=int, default=0, help="shared prompt positions per group (0: no prefix case)")
+    ap.add_argument("--n", type=int, default=8, help="slots per prompt group with --prefix")
     args = ap.parse_args()
     rate = copy_rate()
     emit({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
           "triton": __import__("triton").__version__, "copy_rate_GBps": rate / 1e9})
     for name in args.shapes.split(","):
         for batch in (int(b) for b in args.batches.split(",")):
-            case(name, batch, args.kv_len, args.layers, args.sweep, rate)
+            case(name, batch, args.kv_len, args.layers, args.sweep, rate, args.prefix, args.n)
 
 
 if __name__ == "__main__":

@@ -67,12 +67,12 @@ def torch_threads(n: int | None):
 
 
 def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int, free_cache_engine: bool,
-                             generation_tp: int | None = None) -> ColocatedRollout:
+                             generation_tp: int | None = None, shared_prefix: bool = True) -> ColocatedRollout:
     m = actor.actor_cfg.megatron
     if generation_tp == 1 and (m.tensor_model_parallel_size > 1 or m.pipeline_model_parallel_size > 1):
         engine = ReplicaRollout(actor, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                                max_batch_size=max_batch_size, free_cache_engine=False)
+                                max_batch_size=max_batch_size, free_cache_engine=False, shared_prefix=shared_prefix)
     else:
         engine = RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size)
+                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size, shared_prefix=shared_prefix)
     return ColocatedRollout(actor, engine, free_cache_engine)  # the cache is freed by the actor's phases

@@ -133,11 +133,11 @@ class RolloutConfig:
     top_k: int = -1  # -1 = off (verl)
     max_batch_size: int = 512  # rows decoded together
     free_cache_engine: bool = False  # colocated: free the KV cache after each generation (verl's key)
-    # generation TP (verl's key). None: colocated generates at the actor's TP on its modules;
-    # 1: a TP=1 copy of the policy on every actor rank, synced before each generation
-    # (tandem/rollout/replica.py). Standalone: the rollout's own TP (None = 1; its world size a
-    # multiple of it; each rank slices its shard from the TP=1 weights it receives).
+    # generation TP (verl's key). None: colocated generates at the actor's TP on its modules; 1: a TP=1
+    # copy of the policy on every actor rank, synced before each generation (tandem/rollout/replica.py).
+    # Standalone: the rollout's own TP (None = 1; its world size a multiple of it; each rank slices its shard).
     tensor_model_parallel_size: int | None = None
+    shared_prefix_attention: bool = True  # Tandem's: decode reads each prompt's KV once for its n samples
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # standalone: the rollout service's

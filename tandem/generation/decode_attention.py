@@ -17,6 +17,15 @@ step has no separate KV-cache scatter. Optionally q, k and v come straight from 
 GEMM and the kernel adds their bias and applies RoPE (fp32, rounded to the cache dtype,
 as the compiled qkv_rope does): one kernel per layer less in the step.
 
+With `prefix` (the n samples of a prompt in their slots: prefix_groups.py) the prompt is
+read once per group ("cascade" attention, as FlashInfer's and vLLM's): a first kernel attends
+all n x qpg query heads of a group to the prompt's keys in one [n x qpg, d] tile (tensor
+cores, one read of the prompt's K and V from the group's first slot), writing each head's
+output and log-sum-exp; the main kernel then starts each slot's online softmax from that
+state and reads only the slot's own keys, positions prompt_len..pos. With n = 8 and prompts
+of ~200 tokens this is ~40% of the bytes a decode step's attention reads. Used when the
+context is not split (one program per slot and KV head: large batches, where it matters).
+
 GPU only in production (the runner picks it on CUDA, SDPA elsewhere); with
 TRITON_INTERPRET=1 it also runs on CPU tensors, which the unit tests use.
 """
@@ -48,12 +57,12 @@ def _head(ptr, bias, offs_d, partner, sign, cos, sin, mask, ROPE: tl.constexpr, 
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN,
+def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, PPO, PPL,
                   sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g,
                   sc_b, sc_g, sc_n, so_b, so_g, so_h, sqb_g, scos_b,
                   scale_log2, qpg, kv_len, chunk, rot,
                   DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  ROPE: tl.constexpr, BIAS: tl.constexpr):
+                  ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr):
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
@@ -85,10 +94,20 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN,
         tl.store(kc + pos * sc_n + offs_d, kn)
         tl.store(vc + pos * sc_n + offs_d, vn)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    first_key = start
+    if CASCADE:  # (DIRECT only) the prompt's part came from _prefix_kernel: continue its softmax
+        lo = tl.load(PFX + b)  # this slot's shared prompt length, 0: none (it reads its whole cache)
+        take = rows & (offs_h * 0 + lo > 0)  # a [BLOCK_H] mask (the interpreter takes no scalar in it)
+        part = (b * tl.num_programs(1) + g) * qpg + offs_h
+        m_i = tl.load(PPL + part, mask=take, other=float("-inf"))  # the prompt's log-sum-exp ...
+        l_i = tl.where(take, 1.0, 0.0)  # ... so that its normalised output carries weight 1
+        acc = tl.load(PPO + part[:, None] * D + offs_d[None, :], mask=take[:, None], other=0.0)
+        first_key = tl.maximum(start, lo)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, D], tl.float32)
+    for n0 in range(first_key, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         keep = offs_n < end
         new = (offs_n == pos)[:, None]
@@ -117,6 +136,58 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN,
 
 
 @triton.jit
+def _prefix_kernel(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN,
+                   sq_b, sq_g, sq_h, sc_b, sc_g, sc_n, sm_s, sqb_g, scos_b,
+                   scale_log2, qpg, n, batch, rot,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                   ROPE: tl.constexpr, BIAS: tl.constexpr):
+    """Program (slot s, KV head g): when s is the first slot of a prompt group (MEM[s, 0] == s),
+    attend the group's n x qpg query heads to the prompt's keys 0..PFX[s]-1, read once from
+    slot s's cache -> each head's normalised output (PO [slots, G, qpg, d]) and log2-sum-exp
+    (PL [slots, G, qpg]); other programs do nothing."""
+    s = tl.program_id(0)
+    g = tl.program_id(1)
+    if tl.load(MEM + s * sm_s) == s:
+        plen = tl.load(PFX + s)
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, D)
+        j = offs_m // qpg  # row: sample j's query head h
+        h = offs_m % qpg
+        slot = tl.load(MEM + s * sm_s + j, mask=j < n, other=-1)
+        rows = (j < n) & (slot >= 0) & (slot < batch)  # slots past the batch are dead: no query
+        slot = tl.where(rows, slot, 0)
+        half = rot // 2
+        partner = tl.where(offs_d < half, offs_d + half, tl.where(offs_d < rot, offs_d - half, offs_d))
+        sign = tl.where(offs_d < half, -1.0, 1.0)
+        rope = rows[:, None] & (offs_d < rot)[None, :]
+        cos = tl.load(COS + slot[:, None] * scos_b + offs_d[None, :], mask=rope, other=1.0).to(tl.float32)
+        sin = tl.load(SIN + slot[:, None] * scos_b + offs_d[None, :], mask=rope, other=0.0).to(tl.float32)
+        q = _head(Q + slot[:, None] * sq_b + g * sq_g + h[:, None] * sq_h, QB + g * sqb_g + h[:, None] * D,
+                  offs_d[None, :], partner[None, :], sign[None, :], cos, sin, rows[:, None], ROPE, BIAS)
+        q = q.to(Q.dtype.element_ty)  # rounded as _split_kernel rounds it
+        cache = s.to(tl.int64) * sc_b + g * sc_g
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for n0 in range(0, plen, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            keep = offs_n < plen
+            k = tl.load(KC + cache + offs_n[:, None] * sc_n + offs_d[None, :], mask=keep[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2
+            qk = tl.where(keep[None, :], qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(VC + cache + offs_n[:, None] * sc_n + offs_d[None, :], mask=keep[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            m_i = m_new
+        part = (slot * tl.num_programs(1) + g) * qpg + h
+        tl.store(PO + part[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=rows[:, None])
+        tl.store(PL + part, m_i + tl.log2(l_i), mask=rows)
+
+
+@triton.jit
 def _combine_kernel(PO, PL, O, so_b, so_g, so_h, qpg, splits,
                     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, D: tl.constexpr):
     b = tl.program_id(0)
@@ -138,6 +209,14 @@ def _combine_kernel(PO, PL, O, so_b, so_g, so_h, qpg, splits,
 def supported(head_dim: int) -> bool:
     """Whether the kernel handles this head size (a power of two, 16..256)."""
     return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
+MAX_GROUP_ROWS = 128  # n x query heads per KV head in one prefix tile (its fp32 accumulator in registers)
+
+
+def cascade_fits(n: int, qpg: int) -> bool:
+    """Whether groups of n samples share their prompt through the prefix kernel."""
+    return 1 < n and n * qpg <= MAX_GROUP_ROWS
 
 
 def tile_keys(few: bool, head_dim: int, element_size: int) -> int:
@@ -174,7 +253,8 @@ def _sm_count(device: torch.device) -> int:
 def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, k_cache: torch.Tensor,
                      v_cache: torch.Tensor, pos: torch.Tensor, kv_len: int, scale: float, *,
                      bias: torch.Tensor | None = None, cos: torch.Tensor | None = None,
-                     sin: torch.Tensor | None = None, splits: int | None = None, block_n: int | None = None,
+                     sin: torch.Tensor | None = None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     splits: int | None = None, block_n: int | None = None,
                      num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
     """q [b, G, qpg, d], k_new and v_new [b, G, d]: the step's query, key and value of
     slots 0..b-1; k_cache, v_cache [slots, G, max_len, d] (one layer, same strides); pos [b]
@@ -186,6 +266,8 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     non-interleaved layout) q / k_new / v_new are the qkv GEMM's raw output: the kernel adds
     `bias` ([G, qpg + 2, d]: per group its query heads, key, value; optional) and rotates q
     and k itself, so the decode step needs no separate bias + RoPE kernel per layer.
+    prefix: (prompt lengths [slots] int32, members [slots, n] int32) of prefix_groups.PrefixGroups:
+    each group's prompt is attended once (the module docstring); ignored when the context is split.
     splits, block_n, num_warps, num_stages: tuning overrides (benchmarks)."""
     b, groups, qpg, d = q.shape
     q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
@@ -213,15 +295,33 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         pl = torch.empty((b, groups, splits, block_h), dtype=torch.float32, device=q.device)
     else:
         po = pl = out  # unused
+    cascade = prefix is not None and splits == 1
+    if cascade:
+        plen, members = prefix
+        assert plen.dtype == members.dtype == torch.int32 and members.is_contiguous() and len(plen) >= b
+        ppo = torch.empty((len(members), groups, qpg, d), dtype=torch.float32, device=q.device)
+        ppl = torch.empty((len(members), groups, qpg), dtype=torch.float32, device=q.device)
+        n = members.shape[1]
+        _prefix_kernel[(b, groups)](
+            q, k_cache, v_cache, members, plen, ppo, ppl,
+            q if bias is None else bias, q if cos is None else cos, q if sin is None else sin,
+            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            members.stride(0), (qpg + 2) * d, cos.stride(0) if rope else 0,
+            scale * LOG2E, qpg, n, b, cos.shape[-1] if rope else 0,
+            BLOCK_M=max(16, triton.next_power_of_2(n * qpg)), BLOCK_N=block_n, D=d, ROPE=rope,
+            BIAS=bias is not None, num_warps=8 if d >= 128 else 4, num_stages=num_stages)
+    else:
+        plen = ppo = ppl = out  # unused
     _split_kernel[(b, groups, splits)](
         q, k_new, v_new, k_cache, v_cache, pos, po, pl, out,
         q if bias is None else bias, q if cos is None else cos, q if sin is None else sin,  # unread when absent
+        plen, ppo, ppl,
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2), (qpg + 2) * d, cos.stride(0) if rope else 0,
         scale * LOG2E, qpg, kv_len, chunk, cos.shape[-1] if rope else 0,
         DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, ROPE=rope, BIAS=bias is not None,
-        num_warps=num_warps, num_stages=num_stages)
+        CASCADE=cascade, num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _combine_kernel[(b, groups)](po, pl, out, out.stride(0), out.stride(1), out.stride(2), qpg, splits,
                                      BLOCK_S=triton.next_power_of_2(splits),

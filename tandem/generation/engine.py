@@ -69,13 +69,14 @@ class GenerationEngine:
     CUDA; TP > 1 and models it does not cover use the modules). compile_decode:
     torch.compile those functions (default: on with CUDA; compiled once per batch size,
     seconds each, on the first call that uses it; a fused_step.MODES name picks what is
-    compiled and how, True is fused_step.DEFAULT_MODE)."""
+    compiled and how, True is fused_step.DEFAULT_MODE). shared_prefix: with the Triton kernel and
+    n > 1, each prompt's n samples read its KV once per decode step (prefix_groups.py)."""
 
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int,
                  max_batch_size: int = 512, use_graphs: bool | None = None,
                  sync_every: int | None = None, kv_bucket: int | None = None,
                  decode_attention: str | None = None, fused_decode: bool | None = None,
-                 compile_decode: bool | str | None = None):
+                 compile_decode: bool | str | None = None, shared_prefix: bool = True):
         self.model = model
         self.pad_id, self.eos_id, self.vocab_size = pad_id, eos_id, vocab_size
         self.max_batch_size = max_batch_size
@@ -86,6 +87,7 @@ class GenerationEngine:
         self.decode_attention = decode_attention or ("triton" if gpu else "sdpa")
         self.fused_decode = gpu if fused_decode is None else fused_decode
         self.compile_decode = gpu if compile_decode is None else compile_decode
+        self.shared_prefix = shared_prefix
         self.runner: ModelRunner | None = None
 
     def release(self) -> None:
@@ -110,7 +112,7 @@ class GenerationEngine:
             self.runner = ModelRunner(self.model, device=device.device(), use_graphs=self.use_graphs,
                                       window=self.sync_every,
                                       decode_attention=self.decode_attention, fused=self.fused_decode,
-                                      compile=self.compile_decode)
+                                      compile=self.compile_decode, shared_prefix=self.shared_prefix)
         runner = self.runner
         runner.begin(Request(prompts, params, stop_ids, seed), slots, max_len)
         sched = Scheduler([len(p) for p in prompts], n, r, num_slots=slots,

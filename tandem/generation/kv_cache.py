@@ -7,8 +7,8 @@ valid as they advance): the Triton decode attention (decode_attention.py) writes
 itself, the SDPA path with one scatter per layer (`write_decode`) before attending over
 the first `kv_len` positions of each slot under a per-slot length mask.
 
-Not here: paging or prefix sharing between prompts (the n samples of a prompt get
-copies of its prefill KV).
+Not here: paging. The n samples of a prompt get copies of its prefill KV; the Triton
+kernel reads the prompt's part once per group from the first copy (prefix_groups.py).
 """
 from __future__ import annotations
 

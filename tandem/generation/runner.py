@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from tandem.generation.fused_step import DecodeFns, DecodeWeights, advance, rope_heads
 from tandem.generation.graphs import DecodeGraphs
 from tandem.generation.kv_cache import KVCache
+from tandem.generation.prefix_groups import PrefixGroups
 from tandem.generation.sampling import SamplingParams, sample_rows
 from tandem.generation.scheduler import Plan
 
@@ -67,7 +68,7 @@ class Request:
 class ModelRunner:
     def __init__(self, model, *, device: torch.device, use_graphs: bool, window: int,
                  prefill_tokens: int = 32768, decode_attention: str = "sdpa",
-                 fused: bool = False, compile: bool | str = False):
+                 fused: bool = False, compile: bool | str = False, shared_prefix: bool = True):
         from megatron.core import parallel_state
 
         if not (model.pre_process and model.post_process):
@@ -84,6 +85,9 @@ class ModelRunner:
         self.groups = att.num_query_groups_per_partition
         self.head_dim = att.hidden_size_per_attention_head
         self.kernel = _triton_attention(device, self.head_dim) if decode_attention == "triton" else None
+        self.shared_prefix = shared_prefix  # the kernel reads each prompt group's prompt once (prefix_groups.py)
+        self.prefix: PrefixGroups | None = None
+        self._prefix_by_n: dict[int, PrefixGroups] = {}
         self.decode_attention = "sdpa" if decode_attention == "triton" and self.kernel is None else decode_attention
         core = att.core_attention
         self.scale = getattr(core, "softmax_scale", None) or 1.0 / math.sqrt(self.head_dim)
@@ -108,6 +112,7 @@ class ModelRunner:
                 self.graphs.clear()
             self.cache = KVCache.allocate(len(self.layers), num_slots, self.groups, max_len,
                                           self.head_dim, self.dtype, dev)
+            self._prefix_by_n.clear()
             s, w = num_slots, self.window
             self.freqs = self.model.rotary_pos_emb(max_len)  # [max_len, 1, 1, rot_dim] fp32
             # megatron's RoPE: cos/sin of the fp32 angles, cast to the model dtype
@@ -137,6 +142,7 @@ class ModelRunner:
         self._weights_sig = sig
         if self.fused:  # references to the current parameters (None: not a model fused_step handles)
             self.weights = DecodeWeights.from_model(self.model)
+        self.prefix = self._prefix_groups(request.params.n)
         self.alive.zero_()
         self.row.fill_(-1)
         self.seed.fill_(request.seed & 0xFFFFFFFF)
@@ -156,6 +162,20 @@ class ModelRunner:
         if key not in self._stops:
             self._stops[key] = torch.tensor(request.stop_ids or [-1], dtype=torch.long, device=dev)
         self.stop_t = self._stops[key]
+
+    def _prefix_groups(self, n: int) -> PrefixGroups | None:
+        """The request's prompt groups for the kernel's prefix attention (None: each slot reads its own cache)."""
+        if not (self.shared_prefix and self.kernel is not None):
+            return None
+        from tandem.generation.decode_attention import cascade_fits  # triton is there: the kernel is
+
+        if not cascade_fits(n, self.heads // self.groups):
+            return None
+        if n not in self._prefix_by_n:  # one per n: captured graphs keep pointing at its tensors
+            self._prefix_by_n[n] = PrefixGroups(self.cache.slots, n, self.device)
+        groups = self._prefix_by_n[n]
+        groups.reset()
+        return groups
 
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens, log-probs, mask) [rows, R] on the device; the request's rows only."""
@@ -191,6 +211,8 @@ class ModelRunner:
         slots = torch.tensor([s for a in admissions for s in a.slots], device=dev)
         rows = torch.tensor([a.prompt * n + j for a in admissions for j in range(n)], device=dev)
         of_slot = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # prompt of each slot
+        if self.prefix is not None:
+            self.prefix.admit([(a.slots, len(p)) for a, p in zip(admissions, prompts)])
         off = self.prompt_width - lens  # [P]
         rope_pos = (off[:, None] + torch.arange(width, device=dev)[None]).clamp(max=self.cache.max_len - 1)
         freqs = self.freqs[rope_pos.t()].squeeze(2)  # [L, P, 1, rot_dim]
@@ -232,7 +254,7 @@ class ModelRunner:
         else:
             p = self.request.params
             key = (b, kv_len, p.greedy, p.temperature, p.top_k, p.top_p, p.max_new_tokens,
-                   tuple(self.request.stop_ids))
+                   tuple(self.request.stop_ids), None if self.prefix is None else self.prefix.n)
             state = [self.tok, self.pos, self.step, self.alive, self.win_j]
             for _ in range(steps):
                 self.graphs.replay(key, step_fn, state)
@@ -278,7 +300,7 @@ class ModelRunner:
         (it is then dropped for good and the runner uses SDPA)."""
         try:
             return self.kernel(q, k, v, self.cache.k[layer_idx], self.cache.v[layer_idx], pos, kv_len,
-                               self.scale, **rope)
+                               self.scale, prefix=None if self.prefix is None else self.prefix.tensors(), **rope)
         except Exception as e:  # noqa: BLE001 - a kernel that fails to build must not stop generation
             log.warning("triton decode attention failed, using SDPA: %s", e)
             self.kernel, self.decode_attention = None, "sdpa"

@@ -98,6 +98,47 @@ def test_kernel_adds_the_bias_and_applies_rope_to_the_raw_qkv(kernel, groups, qp
     torch.testing.assert_close(v_cache, v_want, atol=1e-6, rtol=0)
 
 
+@pytest.mark.parametrize("groups,qpg,d", [(2, 7, 64), (2, 6, 128), (3, 1, 16)])
+@pytest.mark.parametrize("raw", [False, True])
+def test_the_prefix_kernel_equals_each_slot_reading_its_own_copy(kernel, groups, qpg, d, raw):
+    """Prompt groups read their prompt once (decode_attention's prefix kernel): the same outputs and
+    cache writes as every slot attending over its own copy. Slots: a group (0, 1, 2) at 5 positions,
+    a group (3, 6, 7) whose slot 7 lies past the batch (dead), a group at 9 positions that was broken
+    (one of its slots refilled: its others read their own copies), and slot 8 in no group."""
+    from tandem.generation.prefix_groups import PrefixGroups
+
+    mod, dev = kernel
+    g = torch.Generator().manual_seed(d + qpg + raw)
+    slots, max_len, kv_len, b = 12, 48, 40, 9
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(dev)
+
+    k_cache, v_cache = rand(slots, groups, max_len, d), rand(slots, groups, max_len, d)
+    pg = PrefixGroups(slots, 3, torch.device(dev))
+    pg.admit([((0, 1, 2), 5), ((3, 6, 7), 12), ((4, 5, 10), 9)])
+    pg.admit([((11, 10, 9), 2)])  # slot 10 refilled: (4, 5, 10) stops sharing, slot 9 lies past the batch
+    for group, length in (((0, 1, 2), 5), ((3, 6, 7), 12), ((4, 5, 10), 9), ((9, 10, 11), 2)):
+        for c in group[1:]:  # the prefill's copies
+            k_cache[c, :, :length], v_cache[c, :, :length] = k_cache[group[0], :, :length], v_cache[group[0], :, :length]
+    pos = torch.tensor([5, 5, 9, 30, 15, 20, 33, 12, 7], device=dev)
+    kw = {}
+    if raw:  # the qkv GEMM's output: bias and RoPE applied by both kernels
+        heads = rand(b, groups, qpg + 2, d)
+        q, k_new, v_new = heads[:, :, :qpg], heads[:, :, qpg], heads[:, :, qpg + 1]
+        kw = dict(bias=rand(groups, qpg + 2, d), cos=rand(b, d), sin=rand(b, d))
+    else:
+        q, kv = rand(b, groups, qpg, d), rand(b, groups, 2, d)
+        k_new, v_new = kv[:, :, 0], kv[:, :, 1]
+    k_own, v_own = k_cache.clone(), v_cache.clone()
+    want = mod.decode_attention(q, k_new, v_new, k_own, v_own, pos, kv_len, d ** -0.5, splits=1, block_n=16, **kw)
+    out = mod.decode_attention(q, k_new, v_new, k_cache, v_cache, pos, kv_len, d ** -0.5, splits=1, block_n=16,
+                               prefix=pg.tensors(), **kw)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    assert torch.equal(k_cache, k_own) and torch.equal(v_cache, v_own)
+    assert pg.plen.tolist() == [5, 5, 5, 12, 0, 0, 12, 12, 0, 2, 2, 2]
+
+
 def test_tiles_of_a_4_byte_cache_hold_no_more_bytes_than_bf16_s():
     """An fp32 cache at head dim 128 with the few-programs tile (128 keys) asked an H200 for 344 KB of
     shared memory (227 KB there): such tiles are halved; bf16's tuned sizes are kept."""
@@ -152,6 +193,22 @@ def test_engine_with_the_kernel_equals_sdpa(kernel, model, fused):
     e, res = generate(model, "triton", fused)
     assert e.runner.kernel is not None
     same(res, generate(model, "sdpa", fused)[1])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_engine_reading_each_prompt_once_equals_its_own_copies(kernel, model, fused):
+    """n = 3 samples, 5 slots for 18 rows: groups are refilled into freed slots (broken groups
+    read their own copies); the prefix kernel gives the rows of each slot reading its own cache."""
+    params = SamplingParams(max_new_tokens=7, temperature=0.8, top_k=8, n=3, seed=5)
+    runs = {}
+    for shared in (True, False):
+        e = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=5, sync_every=3,
+                             decode_attention="triton", fused_decode=fused, compile_decode=False,
+                             shared_prefix=shared)
+        runs[shared] = e.generate(PROMPTS, params)
+        assert (e.runner.prefix is not None) == shared
+    same(runs[True], runs[False])
+    assert runs[True].response_mask.sum() > len(PROMPTS) * 3  # decoded past the prefill's token
 
 
 def test_without_the_kernel_the_runner_uses_sdpa(model, monkeypatch):
