@@ -18,13 +18,15 @@ GEMM and the kernel adds their bias and applies RoPE (fp32, rounded to the cache
 as the compiled qkv_rope does): one kernel per layer less in the step.
 
 With `prefix` (the n samples of a prompt in their slots: prefix_groups.py) the prompt is
-read once per group ("cascade" attention, as FlashInfer's and vLLM's): a first kernel attends
-all n x qpg query heads of a group to the prompt's keys in one [n x qpg, d] tile (tensor
-cores, one read of the prompt's K and V from the group's first slot), writing each head's
-output and log-sum-exp; the main kernel then starts each slot's online softmax from that
-state and reads only the slot's own keys, positions prompt_len..pos. With n = 8 and prompts
-of ~200 tokens this is ~40% of the bytes a decode step's attention reads. Used when the
-context is not split (one program per slot and KV head: large batches, where it matters).
+read once per group ("cascade" attention, as FlashInfer's and vLLM's), in the same launch as
+the rest so that both run at once: programs of "split" 1 attend all n x qpg query heads of a
+group to the prompt's keys in one [n x qpg, d] tile (tensor cores, one read of the prompt's K
+and V, from the group's first slot), programs of split 0 each slot's own keys, positions
+prompt_len..pos; the combine kernel merges the two by their log-sum-exps. With n = 8 and
+prompts of ~200 tokens the prompt is ~40% of the bytes a decode step's attention reads. Used
+when the context is not split otherwise (large batches, where it matters). (Measured on an
+H200, bench/RESULTS.md: the prompt's part as a kernel before the main one, its state then
+continued there, was no faster alone: two short dependent launches.)
 
 GPU only in production (the runner picks it on CUDA, SDPA elsewhere); with
 TRITON_INTERPRET=1 it also runs on CPU tensors, which the unit tests use.
@@ -57,15 +59,43 @@ def _head(ptr, bias, offs_d, partner, sign, cos, sin, mask, ROPE: tl.constexpr, 
 
 
 @triton.jit
-def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, PPO, PPL,
+def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, MEM,
                   sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g,
-                  sc_b, sc_g, sc_n, so_b, so_g, so_h, sqb_g, scos_b,
-                  scale_log2, qpg, kv_len, chunk, rot,
+                  sc_b, sc_g, sc_n, so_b, so_g, so_h, sqb_g, scos_b, sm_s,
+                  scale_log2, qpg, kv_len, chunk, rot, n, batch,
                   DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr):
+                  ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Program (slot, KV head, split). CASCADE: two "splits" in one launch, so both run at once:
+    1 is the prompt of the group whose first slot this is (_group_prompt; nothing for other
+    slots), 0 the slot's own keys from its prompt length on; the combine kernel merges them."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
+    if CASCADE:
+        if s == 1:
+            _group_prompt(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN, b, g, sq_b, sq_g, sq_h, sc_b, sc_g, sc_n,
+                          sm_s, sqb_g, scos_b, scale_log2, qpg, n, batch, rot,
+                          BLOCK_M, BLOCK_H, BLOCK_N, D, ROPE, BIAS)
+        else:
+            _slot_keys(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, b, g, 0,
+                       sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g, sc_b, sc_g, sc_n, so_b, so_g, so_h,
+                       sqb_g, scos_b, scale_log2, qpg, kv_len, chunk, rot,
+                       False, BLOCK_H, BLOCK_N, D, ROPE, BIAS, True)
+    else:
+        _slot_keys(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, b, g, s,
+                   sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g, sc_b, sc_g, sc_n, so_b, so_g, so_h,
+                   sqb_g, scos_b, scale_log2, qpg, kv_len, chunk, rot,
+                   DIRECT, BLOCK_H, BLOCK_N, D, ROPE, BIAS, False)
+
+
+@triton.jit
+def _slot_keys(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, b, g, s,
+               sq_b, sq_g, sq_h, skn_b, skn_g, svn_b, svn_g, sc_b, sc_g, sc_n, so_b, so_g, so_h,
+               sqb_g, scos_b, scale_log2, qpg, kv_len, chunk, rot,
+               DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+               ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr):
+    """Slot b's query heads of KV head g over its keys [s * chunk, (s + 1) * chunk) up to pos (CASCADE:
+    from its prompt length on), writing the step's new key and value at pos."""
     pos = tl.load(POS + b).to(tl.int32)
     start = s * chunk
     end = tl.minimum(tl.minimum(start + chunk, pos + 1), kv_len)  # keys [start, end)
@@ -95,18 +125,12 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, PPO, PPL
         tl.store(vc + pos * sc_n + offs_d, vn)
 
     first_key = start
-    if CASCADE:  # (DIRECT only) the prompt's part came from _prefix_kernel: continue its softmax
-        lo = tl.load(PFX + b)  # this slot's shared prompt length, 0: none (it reads its whole cache)
-        take = rows & (offs_h * 0 + lo > 0)  # a [BLOCK_H] mask (the interpreter takes no scalar in it)
-        part = (b * tl.num_programs(1) + g) * qpg + offs_h
-        m_i = tl.load(PPL + part, mask=take, other=float("-inf"))  # the prompt's log-sum-exp ...
-        l_i = tl.where(take, 1.0, 0.0)  # ... so that its normalised output carries weight 1
-        acc = tl.load(PPO + part[:, None] * D + offs_d[None, :], mask=take[:, None], other=0.0)
-        first_key = tl.maximum(start, lo)
-    else:
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, D], tl.float32)
+    if CASCADE:
+        lo = tl.load(PFX + b)  # the slot's shared prompt length (its group's program reads it), 0: none
+        first_key = lo
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D], tl.float32)
     for n0 in range(first_key, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         keep = offs_n < end
@@ -131,22 +155,24 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, PPO, PPL
                  out.to(O.dtype.element_ty), mask=rows[:, None])
     else:
         part = (b * tl.num_programs(1) + g) * tl.num_programs(2) + s
-        tl.store(PO + (part * BLOCK_H + offs_h[:, None]) * D + offs_d[None, :], out)
-        tl.store(PL + part * BLOCK_H + offs_h, tl.where(empty, float("-inf"), m_i + tl.log2(l_i)))
+        tl.store(PO + (part * BLOCK_H + offs_h[:, None]) * D + offs_d[None, :], out, mask=rows[:, None])
+        tl.store(PL + part * BLOCK_H + offs_h, tl.where(empty, float("-inf"), m_i + tl.log2(l_i)), mask=rows)
+        if CASCADE:
+            if lo == 0:  # in no group: an empty prompt part (weight 0 in the combine)
+                tl.store(PO + ((part + 1) * BLOCK_H + offs_h[:, None]) * D + offs_d[None, :], acc * 0.0,
+                         mask=rows[:, None])
+                tl.store(PL + (part + 1) * BLOCK_H + offs_h, tl.full([BLOCK_H], float("-inf"), tl.float32),
+                         mask=rows)
 
 
 @triton.jit
-def _prefix_kernel(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN,
-                   sq_b, sq_g, sq_h, sc_b, sc_g, sc_n, sm_s, sqb_g, scos_b,
-                   scale_log2, qpg, n, batch, rot,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                   ROPE: tl.constexpr, BIAS: tl.constexpr):
-    """Program (slot s, KV head g): when s is the first slot of a prompt group (MEM[s, 0] == s),
-    attend the group's n x qpg query heads to the prompt's keys 0..PFX[s]-1, read once from
-    slot s's cache -> each head's normalised output (PO [slots, G, qpg, d]) and log2-sum-exp
-    (PL [slots, G, qpg]); other programs do nothing."""
-    s = tl.program_id(0)
-    g = tl.program_id(1)
+def _group_prompt(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN, s, g, sq_b, sq_g, sq_h, sc_b, sc_g, sc_n,
+                  sm_s, sqb_g, scos_b, scale_log2, qpg, n, batch, rot,
+                  BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                  ROPE: tl.constexpr, BIAS: tl.constexpr):
+    """When slot s is the first slot of a prompt group (MEM[s, 0] == s): the group's n x qpg query
+    heads of KV head g over the prompt's keys 0..PFX[s]-1, read once from slot s's cache -> each
+    member slot's partial output and log2-sum-exp at split 1 of PO / PL ([b, G, 2, BLOCK_H, ...])."""
     if tl.load(MEM + s * sm_s) == s:
         plen = tl.load(PFX + s)
         offs_m = tl.arange(0, BLOCK_M)
@@ -164,7 +190,7 @@ def _prefix_kernel(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN,
         sin = tl.load(SIN + slot[:, None] * scos_b + offs_d[None, :], mask=rope, other=0.0).to(tl.float32)
         q = _head(Q + slot[:, None] * sq_b + g * sq_g + h[:, None] * sq_h, QB + g * sqb_g + h[:, None] * D,
                   offs_d[None, :], partner[None, :], sign[None, :], cos, sin, rows[:, None], ROPE, BIAS)
-        q = q.to(Q.dtype.element_ty)  # rounded as _split_kernel rounds it
+        q = q.to(Q.dtype.element_ty)  # rounded as _slot_keys rounds it
         cache = s.to(tl.int64) * sc_b + g * sc_g
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -182,9 +208,10 @@ def _prefix_kernel(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN,
             v = tl.load(VC + cache + offs_n[:, None] * sc_n + offs_d[None, :], mask=keep[:, None], other=0.0)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
             m_i = m_new
-        part = (slot * tl.num_programs(1) + g) * qpg + h
-        tl.store(PO + part[:, None] * D + offs_d[None, :], acc / l_i[:, None], mask=rows[:, None])
-        tl.store(PL + part, m_i + tl.log2(l_i), mask=rows)
+        part = (slot * tl.num_programs(1) + g) * 2 + 1
+        tl.store(PO + (part[:, None] * BLOCK_H + h[:, None]) * D + offs_d[None, :], acc / l_i[:, None],
+                 mask=rows[:, None])
+        tl.store(PL + part * BLOCK_H + h, m_i + tl.log2(l_i), mask=rows)
 
 
 @triton.jit
@@ -197,11 +224,14 @@ def _combine_kernel(PO, PL, O, so_b, so_g, so_h, qpg, splits,
     offs_d = tl.arange(0, D)
     part = (b * tl.num_programs(1) + g) * splits + offs_s  # [S]
     real = offs_s < splits
-    lse = tl.load(PL + part[:, None] * BLOCK_H + offs_h[None, :], mask=real[:, None], other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0)[None, :])  # [S, H]; split 0 always has key 0: max is finite
+    used = real[:, None] & (offs_h < qpg)[None, :]  # [S, H]: the splits' rows of real query heads
+    lse = tl.load(PL + part[:, None] * BLOCK_H + offs_h[None, :], mask=used, other=float("-inf"))
+    top = tl.max(lse, 0)  # real heads: finite, split 0 always has key 0 (CASCADE: pos)
+    w = tl.exp2(lse - tl.where(top == float("-inf"), 0.0, top)[None, :])  # [S, H]; padding rows: 0
     po = tl.load(PO + (part[:, None, None] * BLOCK_H + offs_h[None, :, None]) * D + offs_d[None, None, :],
-                 mask=real[:, None, None], other=0.0)
-    out = tl.sum(w[:, :, None] * po, 0) / tl.sum(w, 0)[:, None]
+                 mask=used[:, :, None], other=0.0)
+    total = tl.sum(w, 0)  # >= 1 for a real head (its largest split weighs 1), 0 for padding
+    out = tl.sum(w[:, :, None] * po, 0) / tl.where(total == 0.0, 1.0, total)[:, None]
     tl.store(O + b * so_b + g * so_g + offs_h[:, None] * so_h + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=(offs_h < qpg)[:, None])
 
@@ -289,39 +319,31 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     num_stages = num_stages or 3
     chunk = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
     splits = triton.cdiv(kv_len, chunk)
+    cascade = prefix is not None and splits == 1
+    if cascade:  # split 1: the prompt of each group, once; split 0: each slot's own keys
+        plen, members = prefix
+        assert plen.dtype == members.dtype == torch.int32 and members.is_contiguous() and len(plen) >= b
+        splits, n = 2, members.shape[1]
+    else:
+        plen = members = q  # unread
+        n = 1
     out = torch.empty((b, groups, qpg, d), dtype=q.dtype, device=q.device)
     if splits > 1:
         po = torch.empty((b, groups, splits, block_h, d), dtype=torch.float32, device=q.device)
         pl = torch.empty((b, groups, splits, block_h), dtype=torch.float32, device=q.device)
     else:
         po = pl = out  # unused
-    cascade = prefix is not None and splits == 1
-    if cascade:
-        plen, members = prefix
-        assert plen.dtype == members.dtype == torch.int32 and members.is_contiguous() and len(plen) >= b
-        ppo = torch.empty((len(members), groups, qpg, d), dtype=torch.float32, device=q.device)
-        ppl = torch.empty((len(members), groups, qpg), dtype=torch.float32, device=q.device)
-        n = members.shape[1]
-        _prefix_kernel[(b, groups)](
-            q, k_cache, v_cache, members, plen, ppo, ppl,
-            q if bias is None else bias, q if cos is None else cos, q if sin is None else sin,
-            q.stride(0), q.stride(1), q.stride(2), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            members.stride(0), (qpg + 2) * d, cos.stride(0) if rope else 0,
-            scale * LOG2E, qpg, n, b, cos.shape[-1] if rope else 0,
-            BLOCK_M=max(16, triton.next_power_of_2(n * qpg)), BLOCK_N=block_n, D=d, ROPE=rope,
-            BIAS=bias is not None, num_warps=8 if d >= 128 else 4, num_stages=num_stages)
-    else:
-        plen = ppo = ppl = out  # unused
     _split_kernel[(b, groups, splits)](
         q, k_new, v_new, k_cache, v_cache, pos, po, pl, out,
         q if bias is None else bias, q if cos is None else cos, q if sin is None else sin,  # unread when absent
-        plen, ppo, ppl,
+        plen, members,
         q.stride(0), q.stride(1), q.stride(2), k_new.stride(0), k_new.stride(1), v_new.stride(0),
         v_new.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         out.stride(0), out.stride(1), out.stride(2), (qpg + 2) * d, cos.stride(0) if rope else 0,
-        scale * LOG2E, qpg, kv_len, chunk, cos.shape[-1] if rope else 0,
+        members.stride(0), scale * LOG2E, qpg, kv_len, chunk, cos.shape[-1] if rope else 0, n, b,
         DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, ROPE=rope, BIAS=bias is not None,
-        CASCADE=cascade, num_warps=num_warps, num_stages=num_stages)
+        CASCADE=cascade, BLOCK_M=max(16, triton.next_power_of_2(n * qpg)),
+        num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _combine_kernel[(b, groups)](po, pl, out, out.stride(0), out.stride(1), out.stride(2), qpg, splits,
                                      BLOCK_S=triton.next_power_of_2(splits),
