@@ -211,6 +211,20 @@ def test_engine_reading_each_prompt_once_equals_its_own_copies(kernel, model, fu
     assert runs[True].response_mask.sum() > len(PROMPTS) * 3  # decoded past the prefill's token
 
 
+def test_one_engine_keeps_prompt_groups_per_n(kernel, model):
+    """Requests with n = 3, 2, 1, 3 on one engine: each n has its own groups (captured graphs keep
+    pointing at them), n = 1 shares nothing, and every request equals the engine without sharing."""
+    engines = {shared: GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=6,
+                                        sync_every=2, decode_attention="triton", fused_decode=True,
+                                        compile_decode=False, shared_prefix=shared) for shared in (True, False)}
+    for n in (3, 2, 1, 3):
+        params = SamplingParams(max_new_tokens=5, temperature=0.9, n=n, seed=n)
+        res = {shared: e.generate(PROMPTS[:4], params) for shared, e in engines.items()}
+        same(res[True], res[False])
+        assert (engines[True].runner.prefix is None) == (n == 1)
+    assert sorted(engines[True].runner._prefix_by_n) == [2, 3]
+
+
 def test_without_the_kernel_the_runner_uses_sdpa(model, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if torch.cuda.is_available():
