@@ -7,7 +7,8 @@ communication); only attention and the KV cache are the runner's: a preallocated
 `KVCache`, device-tensor positions and per-slot lengths, so one decode step has static
 shapes and is captured in a CUDA graph (`graphs.py`) per (slots, kv_len, sampling).
 Decode attention is `decode_attention.py`'s Triton kernel on GPUs (it also writes the
-step's K and V into the cache), else SDPA or two GEMMs under a length mask.
+step's K and V into the cache, and reads each prompt group's prompt once: prefix_groups.py),
+else SDPA or two GEMMs under a length mask.
 
 Per-slot state lives in persistent device buffers: the last token, its cache position,
 the output row, the response position and an alive flag. A decode window of k steps
