@@ -9,7 +9,8 @@ Each variant is checked against an fp32 SDPA of the same cache (max abs differen
 cache contents), then timed as a CUDA graph of one call per layer over `--layers`
 layers (so K and V come from HBM, not L2); `--prefix P --n N`: also the prefix ("cascade")
 kernel with each N consecutive slots one prompt group sharing its first P positions (triton_prefix,
-its difference from the plain kernel, and its speed-up over it); printed: us per layer, the K + V bytes
+its difference from the plain kernel, and its speed-up over it; triton_prefix_first: the same with the
+prompt's programs first in the grid order); printed: us per layer, the K + V bytes
 read per second and, as same-run ratios, triton's speed-up over sdpa and each variant's read
 rate against the device copy rate measured at the start (bench/generation_bench.py's). `--sweep` also times the kernel over splits x block_n x warps x stages.
 
@@ -112,6 +113,7 @@ def case(name, batch, kv_len, layers, sweep, rate, prefix=0, n=1) -> None:
         plain = da.decode_attention(q[0], kv[0, :, :, 0], kv[0, :, :, 1], cache.k[0], cache.v[0], pos, kv_len, scale)
         rec["prefix_max_abs_diff_vs_plain"] = float((shared.float() - plain.float()).abs().max())
         variants.append(("triton_prefix", lambda: kernel_step(prefix=groups_.tensors())))
+        variants.append(("triton_prefix_first", lambda: kernel_step(prefix=groups_.tensors(), prompt_first=True)))
     for variant, fn in variants:
         us = graph_us(fn) / layers
         rec[f"{variant}_us_per_layer"] = us
@@ -120,6 +122,7 @@ def case(name, batch, kv_len, layers, sweep, rate, prefix=0, n=1) -> None:
     rec["triton_speedup_vs_sdpa"] = rec["sdpa_us_per_layer"] / rec["triton_us_per_layer"]
     if prefix:
         rec["prefix_speedup_vs_triton"] = rec["triton_us_per_layer"] / rec["triton_prefix_us_per_layer"]
+        rec["prefix_first_speedup_vs_triton"] = rec["triton_us_per_layer"] / rec["triton_prefix_first_us_per_layer"]
     emit(rec)
     if sweep:
         rows = []

@@ -64,15 +64,17 @@ def _split_kernel(Q, KN, VN, KC, VC, POS, PO, PL, O, QB, COS, SIN, PFX, MEM,
                   sc_b, sc_g, sc_n, so_b, so_g, so_h, sqb_g, scos_b, sm_s,
                   scale_log2, qpg, kv_len, chunk, rot, n, batch,
                   DIRECT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                  ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr):
+                  ROPE: tl.constexpr, BIAS: tl.constexpr, CASCADE: tl.constexpr, BLOCK_M: tl.constexpr,
+                  PROMPT_SPLIT: tl.constexpr):
     """Program (slot, KV head, split). CASCADE: two "splits" in one launch, so both run at once:
-    1 is the prompt of the group whose first slot this is (_group_prompt; nothing for other
-    slots), 0 the slot's own keys from its prompt length on; the combine kernel merges them."""
+    partial 1 is the prompt of the group whose first slot this is (_group_prompt; nothing for other
+    slots), partial 0 the slot's own keys from its prompt length on; the combine kernel merges them.
+    The prompt's programs have grid index PROMPT_SPLIT: 1 (launched after the slots') or 0."""
     b = tl.program_id(0)
     g = tl.program_id(1)
     s = tl.program_id(2)
     if CASCADE:
-        if s == 1:
+        if s == PROMPT_SPLIT:
             _group_prompt(Q, KC, VC, MEM, PFX, PO, PL, QB, COS, SIN, b, g, sq_b, sq_g, sq_h, sc_b, sc_g, sc_n,
                           sm_s, sqb_g, scos_b, scale_log2, qpg, n, batch, rot,
                           BLOCK_M, BLOCK_H, BLOCK_N, D, ROPE, BIAS)
@@ -285,7 +287,8 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
                      bias: torch.Tensor | None = None, cos: torch.Tensor | None = None,
                      sin: torch.Tensor | None = None, prefix: tuple[torch.Tensor, torch.Tensor] | None = None,
                      splits: int | None = None, block_n: int | None = None,
-                     num_warps: int | None = None, num_stages: int | None = None) -> torch.Tensor:
+                     num_warps: int | None = None, num_stages: int | None = None,
+                     prompt_first: bool = False) -> torch.Tensor:
     """q [b, G, qpg, d], k_new and v_new [b, G, d]: the step's query, key and value of
     slots 0..b-1; k_cache, v_cache [slots, G, max_len, d] (one layer, same strides); pos [b]
     (int): each slot's new cache position. Writes k_new / v_new at pos (when pos < kv_len)
@@ -298,7 +301,8 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
     and k itself, so the decode step needs no separate bias + RoPE kernel per layer.
     prefix: (prompt lengths [slots] int32, members [slots, n] int32) of prefix_groups.PrefixGroups:
     each group's prompt is attended once (the module docstring); ignored when the context is split.
-    splits, block_n, num_warps, num_stages: tuning overrides (benchmarks)."""
+    splits, block_n, num_warps, num_stages, prompt_first (the prompt's programs first in the grid):
+    tuning overrides (benchmarks)."""
     b, groups, qpg, d = q.shape
     q, k_new, v_new = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k_new, v_new))
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and supported(d)
@@ -342,7 +346,7 @@ def decode_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, 
         out.stride(0), out.stride(1), out.stride(2), (qpg + 2) * d, cos.stride(0) if rope else 0,
         members.stride(0), scale * LOG2E, qpg, kv_len, chunk, cos.shape[-1] if rope else 0, n, b,
         DIRECT=splits == 1, BLOCK_H=block_h, BLOCK_N=block_n, D=d, ROPE=rope, BIAS=bias is not None,
-        CASCADE=cascade, BLOCK_M=max(16, triton.next_power_of_2(n * qpg)),
+        CASCADE=cascade, BLOCK_M=max(16, triton.next_power_of_2(n * qpg)), PROMPT_SPLIT=0 if prompt_first else 1,
         num_warps=num_warps, num_stages=num_stages)
     if splits > 1:
         _combine_kernel[(b, groups)](po, pl, out, out.stride(0), out.stride(1), out.stride(2), qpg, splits,

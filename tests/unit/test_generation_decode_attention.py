@@ -99,8 +99,8 @@ def test_kernel_adds_the_bias_and_applies_rope_to_the_raw_qkv(kernel, groups, qp
 
 
 @pytest.mark.parametrize("groups,qpg,d", [(2, 7, 64), (2, 6, 128), (3, 1, 16)])
-@pytest.mark.parametrize("raw", [False, True])
-def test_the_prefix_kernel_equals_each_slot_reading_its_own_copy(kernel, groups, qpg, d, raw):
+@pytest.mark.parametrize("raw,prompt_first", [(False, False), (True, False), (True, True)])
+def test_the_prefix_kernel_equals_each_slot_reading_its_own_copy(kernel, groups, qpg, d, raw, prompt_first):
     """Prompt groups read their prompt once (decode_attention's prefix kernel): the same outputs and
     cache writes as every slot attending over its own copy. Slots: a group (0, 1, 2) at 5 positions,
     a group (3, 6, 7) whose slot 7 lies past the batch (dead), a group at 9 positions that was broken
@@ -133,7 +133,7 @@ def test_the_prefix_kernel_equals_each_slot_reading_its_own_copy(kernel, groups,
     k_own, v_own = k_cache.clone(), v_cache.clone()
     want = mod.decode_attention(q, k_new, v_new, k_own, v_own, pos, kv_len, d ** -0.5, splits=1, block_n=16, **kw)
     out = mod.decode_attention(q, k_new, v_new, k_cache, v_cache, pos, kv_len, d ** -0.5, splits=1, block_n=16,
-                               prefix=pg.tensors(), **kw)
+                               prefix=pg.tensors(), prompt_first=prompt_first, **kw)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
     assert torch.equal(k_cache, k_own) and torch.equal(v_cache, v_own)
     assert pg.plen.tolist() == [5, 5, 5, 12, 0, 0, 12, 12, 0, 2, 2, 2]
