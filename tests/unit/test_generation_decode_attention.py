@@ -120,7 +120,8 @@ def test_the_prefix_kernel_equals_each_slot_reading_its_own_copy(kernel, groups,
     pg.admit([((11, 10, 9), 2)])  # slot 10 refilled: (4, 5, 10) stops sharing, slot 9 lies past the batch
     for group, length in (((0, 1, 2), 5), ((3, 6, 7), 12), ((4, 5, 10), 9), ((9, 10, 11), 2)):
         for c in group[1:]:  # the prefill's copies
-            k_cache[c, :, :length], v_cache[c, :, :length] = k_cache[group[0], :, :length], v_cache[group[0], :, :length]
+            k_cache[c, :, :length] = k_cache[group[0], :, :length]
+            v_cache[c, :, :length] = v_cache[group[0], :, :length]
     pos = torch.tensor([5, 5, 9, 30, 15, 20, 33, 12, 7], device=dev)
     kw = {}
     if raw:  # the qkv GEMM's output: bias and RoPE applied by both kernels
