@@ -51,21 +51,33 @@ class ActorFront:
         if policy_from_row < 0 or policy_from_row % per_mini or policy_from_row > len(batch):
             raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
                                   f"{per_mini} rows within the batch's {len(batch)}")
-        micro = self.actor_cfg.ppo_micro_batch_size_per_gpu
+        micro, micro_ref = self.actor_cfg.ppo_micro_batch_size_per_gpu, self._ref_micro()
         rows = batch.slice(policy_from_row, len(batch))
-        out = self.door.map_rows("log_probs", rows, "policy", float(batch.meta.get("temperature", 1.0)),
-                                 calculate_entropy, micro, rows_per_mini=per_mini,
-                                 micro_rows=micro) if len(rows) else DataProto()
+        temperature = float(batch.meta.get("temperature", 1.0))
+        ref = None
+        if not len(rows):
+            out = DataProto()
+        elif with_reference:  # both passes back to back, read back once (no GPU gap between them)
+            out, ref = self.door.map_rows_pair("log_probs_pair", rows, batch, temperature, calculate_entropy, micro,
+                                               micro_ref, rows_per_mini=(per_mini, len(batch)),
+                                               micro_rows=(micro, micro_ref))
+        else:
+            out = self.door.map_rows("log_probs", rows, "policy", temperature, calculate_entropy, micro,
+                                     rows_per_mini=per_mini, micro_rows=micro)
         skipped = torch.zeros(policy_from_row, batch["responses"].shape[1])  # the update computes them
         tensors = {"old_log_probs": torch.cat([skipped, out.tensors.get("log_probs", skipped[:0])])}
         if calculate_entropy:
             tensors["entropys"] = torch.cat([skipped, out.tensors.get("entropys", skipped[:0])])
         if with_reference:
-            tensors.update(self.compute_ref_log_prob(batch).tensors)
+            tensors["ref_log_prob"] = (ref["log_probs"] if ref is not None
+                                       else self.compute_ref_log_prob(batch)["ref_log_prob"])
         return DataProto(tensors=tensors)
 
+    def _ref_micro(self) -> int:
+        return self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        micro = self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+        micro = self._ref_micro()
         out = self.door.map_rows("log_probs", batch, "ref", float(batch.meta.get("temperature", 1.0)), False,
                                  micro, rows_per_mini=len(batch), micro_rows=micro)
         return DataProto(tensors={"ref_log_prob": out["log_probs"]})

@@ -25,7 +25,7 @@ from tandem.train.memory_metrics import memory_metrics
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.schedule import overlaps_host_work, reads_responses_only, shares_prompts
-from tandem.train.step import forward_rows, train_steps
+from tandem.train.step import forward_rows, rows_on_host, train_steps
 
 
 class ActorWorker:
@@ -71,7 +71,18 @@ class ActorWorker:
             return self._log_probs(self.ddp if which == "policy" else self.ref, shards, temperature,
                                    entropy, micro_rows)
 
-    def _log_probs(self, model, shards, temperature, entropy, micro_rows):
+    @torch.no_grad()
+    def log_probs_pair(self, policy: list[DataProto | None], ref: list[DataProto | None], temperature: float,
+                       entropy: bool, micro_policy: int, micro_ref: int) -> tuple[list, list]:
+        """log_probs of the policy over `policy`, then of the reference over `ref`, read back once after
+        both: the reference's host work runs while the GPU finishes the policy's pass."""
+        with self.memory.phase("log_probs"):
+            first = self._log_probs(self.ddp, policy, temperature, entropy, micro_policy, read_back=False)
+        with self.memory.phase("ref_log_probs"):
+            second = self._log_probs(self.ref, ref, temperature, False, micro_ref, read_back=False)
+        return rows_on_host(first), rows_on_host(second)
+
+    def _log_probs(self, model, shards, temperature, entropy, micro_rows, read_back: bool = True):
         model.eval()
 
         @reads_responses_only
@@ -84,7 +95,7 @@ class ActorWorker:
 
         shares_prompts(loss_fn, self.share_prompts)
         overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
-        return forward_rows(model, shards, micro_rows, loss_fn)
+        return forward_rows(model, shards, micro_rows, loss_fn, read_back)
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:

@@ -43,6 +43,18 @@ class FrontDoor:
         results = self.group.run(self.target, method, [(s, *args) for s in lay.shards])
         return gather_rows(lay, results, len(batch))
 
+    def map_rows_pair(self, method: str, first: DataProto, second: DataProto, *args,
+                      rows_per_mini: tuple[int, int], micro_rows: tuple[int, int]) -> tuple[DataProto, DataProto]:
+        """map_rows over two batches in one call on every rank: `method(first_shards, second_shards, *args)`
+        returns the per-row results of each (e.g. two passes run back to back, read back once)."""
+        lays = [layout(b, n, self.dp) for b, n in zip((first, second), rows_per_mini)]
+        if self.lockstep:
+            for lay, micro in zip(lays, micro_rows):
+                check_lockstep(lay, micro)
+        results = self.group.run(self.target, method, [(a, b, *args) for a, b in zip(lays[0].shards, lays[1].shards)])
+        return tuple(gather_rows(lay, [r[i] for r in results], len(b))
+                     for i, (lay, b) in enumerate(zip(lays, (first, second))))
+
     def train(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int,
               units: Callable[[DataProto], int], epochs: int = 1, shuffle: bool = False,
               seed: int = 0) -> dict[str, float]:

@@ -49,15 +49,23 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
             "rows": [_on_host(r) for r in rows]}  # read back after the last step: one wait per call
 
 
-def forward_rows(model, shards: list[DataProto | None], micro_rows: int, loss_fn: Callable) -> list[DataProto | None]:
+def forward_rows(model, shards: list[DataProto | None], micro_rows: int, loss_fn: Callable,
+                 read_back: bool = True) -> list:
     """Per shard: the loss_fn's per-row outputs (its third value, 'units' aside) of a forward-only pass,
-    read back to the host once, after every shard's forward (one wait per call, not per shard)."""
+    read back to the host once, after every shard's forward (one wait per call, not per shard).
+    read_back=False: left on the device (rows_on_host later), so that another pass queued behind
+    this one leaves the GPU no gap."""
     out = []
     for shard in shards:
         parts = [] if shard is None else run_schedule(model, micro_batches(shard, micro_rows), loss_fn,
                                                       forward_only=True)
         out.append({k: torch.cat([p[k] for p in parts]) for k in parts[0] if k != "units"} if parts else None)
-    return [_on_host(r) for r in out]
+    return rows_on_host(out) if read_back else out
+
+
+def rows_on_host(shards: list[dict | None]) -> list[DataProto | None]:
+    """forward_rows(read_back=False)'s per-shard outputs -> DataProtos on the host."""
+    return [_on_host(r) for r in shards]
 
 
 def _on_host(tensors: dict | None) -> DataProto | None:

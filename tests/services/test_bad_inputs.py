@@ -153,6 +153,9 @@ async def _first_mini_batch_from_the_update(services, actor, twice, version):
     lp = (await actor.compute_log_prob(twice))["old_log_probs"]
     part = (await actor.compute_log_prob(twice, policy_from_row=8))["old_log_probs"]
     assert torch.equal(part[8:], lp[8:]) and torch.equal(part[:8], torch.zeros_like(part[:8]))
+    both = await actor.compute_log_prob(twice, with_reference=True, policy_from_row=8)  # both passes, one read-back
+    assert torch.equal(both["old_log_probs"], part)
+    assert torch.equal(both["ref_log_prob"], (await actor.compute_ref_log_prob(twice))["ref_log_prob"])
     train = services.with_tensor(twice, "old_log_probs", part)
     await services.expect_error(actor.compute_log_prob(twice, policy_from_row=3), INVALID, "ComputeLogProb",
                                 "policy_from_row: 3 is not a whole number of mini-batches of 8")
