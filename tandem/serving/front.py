@@ -37,9 +37,7 @@ class FrontDoor:
     def map_rows(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int) -> DataProto:
         """`method(shards, *args)` on every DP rank, `shards` being its rows of each
         mini-batch of `rows_per_mini`; the per-row results back in the batch's order."""
-        lay = layout(batch, rows_per_mini, self.dp)
-        if self.lockstep:
-            check_lockstep(lay, micro_rows)
+        lay = self._layout(batch, rows_per_mini, micro_rows)
         results = self.group.run(self.target, method, [(s, *args) for s in lay.shards])
         return gather_rows(lay, results, len(batch))
 
@@ -47,13 +45,16 @@ class FrontDoor:
                       rows_per_mini: tuple[int, int], micro_rows: tuple[int, int]) -> tuple[DataProto, DataProto]:
         """map_rows over two batches in one call on every rank: `method(first_shards, second_shards, *args)`
         returns the per-row results of each (e.g. two passes run back to back, read back once)."""
-        lays = [layout(b, n, self.dp) for b, n in zip((first, second), rows_per_mini)]
-        if self.lockstep:
-            for lay, micro in zip(lays, micro_rows):
-                check_lockstep(lay, micro)
+        lays = [self._layout(b, n, micro) for b, n, micro in zip((first, second), rows_per_mini, micro_rows)]
         results = self.group.run(self.target, method, [(a, b, *args) for a, b in zip(lays[0].shards, lays[1].shards)])
         return tuple(gather_rows(lay, [r[i] for r in results], len(b))
                      for i, (lay, b) in enumerate(zip(lays, (first, second))))
+
+    def _layout(self, batch: DataProto, rows_per_mini: int, micro_rows: int):
+        lay = layout(batch, rows_per_mini, self.dp)
+        if self.lockstep:
+            check_lockstep(lay, micro_rows)
+        return lay
 
     def train(self, method: str, batch: DataProto, *args, rows_per_mini: int, micro_rows: int,
               units: Callable[[DataProto], int], epochs: int = 1, shuffle: bool = False,
