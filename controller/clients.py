@@ -40,6 +40,16 @@ class ActorClient(ServiceClient):
             policy_from_row=policy_from_row))
         return codec.decode_batch(r.batch)
 
+    async def kept_log_prob(self, kept_rows: str, calculate_entropy=False, with_reference=False,
+                            policy_from_row: int = 0) -> DataProto:
+        """compute_log_prob on the rows this actor's colocated rollout kept (a generation's
+        `kept_rows` meta): the pass it queued behind that generation. FailedPrecondition: it no
+        longer holds them (send the batch)."""
+        r = await self.call("ComputeLogProb", actor_pb2.ComputeLogProbRequest(
+            kept_rows=kept_rows, calculate_entropy=calculate_entropy, with_reference=with_reference,
+            policy_from_row=policy_from_row))
+        return codec.decode_batch(r.batch)
+
     async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         r = await self.call("ComputeRefLogProb", actor_pb2.ComputeRefLogProbRequest(batch=codec.encode_batch(batch)))
         return codec.decode_batch(r.batch)
@@ -81,14 +91,20 @@ class RolloutClient(ServiceClient):
 
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                                 seed: int | None = None, greedy: bool = False, row_offset: int = 0) -> DataProto:
+                                 seed: int | None = None, greedy: bool = False, row_offset: int = 0,
+                                 log_probs_after: rollout_pb2.LogProbsAfter | None = None) -> DataProto:
+        """The generated rows; with log_probs_after a colocated rollout's actor queues that log-prob
+        pass behind the generation and the rows' meta `kept_rows` is its key (ActorClient.kept_log_prob)."""
         params = rollout_pb2.SamplingParams(max_new_tokens=max_new_tokens, n=n, temperature=temperature,
                                             top_p=top_p, top_k=max(top_k, 0), greedy=greedy, row_offset=row_offset)
         if seed is not None:
             params.seed = seed
         r = await self.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
-            batch=codec.encode_batch(batch), sampling=params))
-        return codec.decode_batch(r.batch)
+            batch=codec.encode_batch(batch), sampling=params, log_probs_after=log_probs_after))
+        out = codec.decode_batch(r.batch)
+        if r.kept_rows:
+            out.meta["kept_rows"] = r.kept_rows
+        return out
 
     async def sync_weights(self, version: int, source: str, *, transport: str | None = None,
                            force: bool = False) -> rollout_pb2.SyncWeightsResponse:

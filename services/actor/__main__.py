@@ -10,6 +10,7 @@ from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
 from tandem.services.actor import hybrid
 from tandem.services.actor.front import ActorFront
+from tandem.services.actor.kept_rows import KeptRows
 from tandem.services.actor.servicer import SERVICE, ActorServicer
 from tandem.services.actor.worker import ActorWorker
 from tandem.serving.process import load_tokenizer, run_service
@@ -42,11 +43,13 @@ class ActorRole(Role):
 
     def servicers(self, cfg, built, group, thread):
         worker, tokenizer = built.targets["actor"], built.extras["tokenizer"]
-        out = {SERVICE: ActorServicer(ActorFront(group, worker), thread)}
-        if "rollout" in built.targets:  # one thread for both: a generation never overlaps an update
+        front = ActorFront(group, worker)
+        kept = KeptRows(front, thread) if "rollout" in built.targets else None
+        out = {SERVICE: ActorServicer(front, thread, kept)}
+        if kept is not None:  # one thread for both: a generation never overlaps an update
             limits = GenerationLimits(worker.shape.max_position_embeddings, cfg.actor_rollout_ref.rollout.max_batch_size)
             out[ROLLOUT_SERVICE] = RolloutServicer(RolloutFront(group, worker.vocab_size, tokenizer.pad_token_id),
-                                                   thread, limits=limits)
+                                                   thread, limits=limits, kept=kept)
         return out
 
 

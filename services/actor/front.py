@@ -27,6 +27,7 @@ class ActorFront:
         self.weights_version = 0
         self.update_calls = 0
         self.mutations = 0
+        self.reference_sets = 0  # SetReference calls: a kept log-prob pass read the reference before them
 
     @classmethod
     def in_process(cls, cfg, tokenizer_len: int) -> "ActorFront":
@@ -48,9 +49,7 @@ class ActorFront:
         Same mini-batch / DP / micro-batch layout as the update, so the first on-policy
         mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
         per_mini = self._rows_per_mini(batch)
-        if policy_from_row < 0 or policy_from_row % per_mini or policy_from_row > len(batch):
-            raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
-                                  f"{per_mini} rows within the batch's {len(batch)}")
+        self.check_policy_from_row(policy_from_row, len(batch), per_mini)
         micro, micro_ref = self.actor_cfg.ppo_micro_batch_size_per_gpu, self._ref_micro()
         rows = batch.slice(policy_from_row, len(batch))
         temperature = float(batch.meta.get("temperature", 1.0))
@@ -72,6 +71,12 @@ class ActorFront:
             tensors["ref_log_prob"] = (ref["log_probs"] if ref is not None
                                        else self.compute_ref_log_prob(batch)["ref_log_prob"])
         return DataProto(tensors=tensors)
+
+    def check_policy_from_row(self, policy_from_row: int, rows: int, per_mini: int) -> None:
+        """ComputeLogProb's policy_from_row: whole mini-batches of `per_mini` rows within `rows`."""
+        if policy_from_row < 0 or policy_from_row % per_mini or policy_from_row > rows:
+            raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
+                                  f"{per_mini} rows within the batch's {rows}")
 
     def _ref_micro(self) -> int:
         return self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
@@ -137,6 +142,7 @@ class ActorFront:
         return metrics
 
     def set_reference(self) -> None:
+        self.reference_sets += 1
         self.door.everywhere("set_reference")
 
     def export_weights(self):

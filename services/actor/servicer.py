@@ -8,6 +8,7 @@ from __future__ import annotations
 from tandem.data import codec, schemas
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
 from tandem.services.actor.front import ActorFront
+from tandem.services.actor.kept_rows import KeptRows
 from tandem.serving import checkpoint_requests
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import actor_pb2, common_pb2
@@ -20,9 +21,12 @@ ON_POLICY_KEYS = ("advantages",)
 
 
 class ActorServicer(WeightSourceServicer):
-    def __init__(self, worker: ActorFront, thread: WorkerThread):
+    """kept: the colocated rollout's KeptRows (ComputeLogProb's kept_rows); None without one."""
+
+    def __init__(self, worker: ActorFront, thread: WorkerThread, kept: KeptRows | None = None):
         self.worker = worker
         self.thread = thread
+        self.kept = kept
 
         def take():  # on the worker thread: no update can run between these reads and the export
             return worker.weights_version, worker.mutations, worker.stage_export()
@@ -37,9 +41,17 @@ class ActorServicer(WeightSourceServicer):
         return batch
 
     async def ComputeLogProb(self, request, context):
+        settings = (request.calculate_entropy, request.with_reference, request.policy_from_row)
+        if request.kept_rows:
+            if request.HasField("batch"):
+                raise InvalidArgument("kept_rows: send either the batch or the key of kept rows, not both")
+            if self.kept is None:
+                raise FailedPrecondition("kept_rows: this actor has no colocated rollout, so it keeps no rows; "
+                                         "send the batch")
+            out = await self.kept.log_probs(request.kept_rows, settings)
+            return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
         batch = self._decode(request)
-        out = await self.thread.run(self.worker.compute_log_prob, batch, request.calculate_entropy,
-                                    request.with_reference, request.policy_from_row)
+        out = await self.thread.run(self.worker.compute_log_prob, batch, *settings)
         return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
 
     async def ComputeRefLogProb(self, request, context):

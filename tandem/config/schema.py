@@ -89,8 +89,7 @@ class ActorConfig:
     kl_loss_type: str = "low_var_kl"
     loss_agg_mode: str = "token-mean"
     tis_imp_ratio_cap: float = -1.0  # truncated IS with the rollout log-probs: weight min(ratio, cap); <= 0 = off
-    # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only;
-    # tandem/models/compile.py). CPU runs stay eager.
+    # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only; CPU runs stay eager)
     use_torch_compile: bool = True
     # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
     # passes (tandem/models/shared_prompts.py); same results up to float rounding (verl: use_prefix_grouper)
@@ -288,8 +287,9 @@ class TrainerConfig:
     total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
     total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
     critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
-    # Tandem's: log-probs and values start at generation's end, while scoring (not with DAPO's filter, async)
-    log_probs_with_scoring: bool = False
+    log_probs_with_scoring: bool = False  # Tandem's: log-probs and values start while scoring (not DAPO, async)
+    # Tandem's: colocated, the actor queues its log-prob pass right behind the generation (no round trip)
+    log_probs_after_generation: bool = True
     log_probs_one_call: bool = True  # Tandem's: old and reference log-probs in one actor call, not two
     # Tandem's: the update's own forward gives the old log-probs of the rows it trains on the sampling weights
     old_log_probs_from_update: bool = True

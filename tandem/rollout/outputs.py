@@ -1,4 +1,5 @@
-"""Combining generated batches (DP shards, DAPO's extra generation rounds).
+"""Combining generated batches (DP shards, DAPO's extra generation rounds), and the rows of a
+generated batch that the actor and the critic take.
 
 Each generation left-pads its prompts to its own longest prompt, so prompt-side tensors
 differ in width between batches; responses all have max_new_tokens columns.
@@ -10,6 +11,15 @@ import torch
 from tandem.data.batch import DataProto
 
 LEFT_PADDED = ("prompts", "input_ids", "attention_mask")
+SEQ_KEYS = ["input_ids", "attention_mask", "responses", "response_mask"]
+
+
+def step_rows(gen: DataProto, temperature: float, n: int) -> DataProto:
+    """The generated rows as the actor and the critic take them (the controller's, and the
+    colocated actor's own for the log-prob pass it queues behind a generation)."""
+    seq = gen.select(tensor_keys=SEQ_KEYS)
+    seq.meta = {"temperature": temperature, "rollout_n": n}
+    return seq
 
 
 def concat_generations(parts: list[DataProto], pad_id: int) -> DataProto:

@@ -5,6 +5,7 @@ standalone rollout service and, in colocated mode, the actor (hybrid engine).
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from tandem.data import codec, schemas
@@ -69,14 +70,17 @@ class GenerationLimits:
 class RolloutServicer:
     """receiver: the standalone rollout's WeightReceiver (tandem/weights/receiver.py); None for
     the colocated rollout, which serves the actor's own weights. limits: what one generation
-    may ask for (None: only the sampling checks)."""
+    may ask for (None: only the sampling checks). kept: the colocated actor's KeptRows
+    (services/actor/kept_rows.py), which queues its log-prob pass behind a generation that asks
+    for it (log_probs_after); None: the request's log_probs_after is ignored."""
 
     def __init__(self, worker: RolloutFront, thread: WorkerThread, receiver=None,
-                 limits: GenerationLimits | None = None):
+                 limits: GenerationLimits | None = None, kept=None):
         self.worker = worker
         self.thread = thread
         self.receiver = receiver
         self.limits = limits
+        self.kept = kept
 
     async def GenerateSequences(self, request, context):
         batch = codec.decode_batch(request.batch)
@@ -84,11 +88,18 @@ class RolloutServicer:
         params = sampling_from_proto(request.sampling, self.worker.vocab_size)
         if self.limits is not None:
             self.limits.check(batch, params)
+        after = None
+        if self.kept is not None and request.HasField("log_probs_after"):
+            a = request.log_probs_after
+            after = (a.calculate_entropy, a.with_reference, a.policy_from_row)
+            self.kept.check(len(batch), params, after)
+        generation = self.thread.submit(self.worker.generate_sequences, batch, params)
+        key = self.kept.queue_after(generation, params, after) if after is not None else ""
         try:
-            out = await self.thread.run(self.worker.generate_sequences, batch, params)
+            out = await asyncio.wrap_future(generation)
         except GenerationAborted as e:
             raise Aborted(str(e)) from None
-        return rollout_pb2.GenerateSequencesResponse(batch=codec.encode_batch(out))
+        return rollout_pb2.GenerateSequencesResponse(batch=codec.encode_batch(out), kept_rows=key)
 
     def _receiver(self):
         if self.receiver is None:

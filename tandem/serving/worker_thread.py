@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 
 T = TypeVar("T")
@@ -32,6 +32,12 @@ class WorkerThread:
         loop = asyncio.get_running_loop()
         ctx = contextvars.copy_context()
         return await loop.run_in_executor(self._executor, functools.partial(ctx.run, fn, *args, **kwargs))
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future:
+        """Queue fn now (not when a coroutine first runs) -> its future: a call queued right behind
+        another starts the moment that one ends, with no turn of the event loop between them."""
+        ctx = contextvars.copy_context()
+        return self._executor.submit(ctx.run, fn, *args, **kwargs)
 
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run fn on the worker thread from outside an event loop and wait for its result

@@ -10,16 +10,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ComputeLogProbRequest(_message.Message):
-    __slots__ = ("batch", "calculate_entropy", "with_reference", "policy_from_row")
+    __slots__ = ("batch", "calculate_entropy", "with_reference", "policy_from_row", "kept_rows")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FROM_ROW_FIELD_NUMBER: _ClassVar[int]
+    KEPT_ROWS_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     calculate_entropy: bool
     with_reference: bool
     policy_from_row: int
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., policy_from_row: _Optional[int] = ...) -> None: ...
+    kept_rows: str
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., policy_from_row: _Optional[int] = ..., kept_rows: _Optional[str] = ...) -> None: ...
 
 class ComputeLogProbResponse(_message.Message):
     __slots__ = ("batch",)

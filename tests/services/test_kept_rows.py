@@ -1,0 +1,64 @@
+"""GenerateSequences(log_probs_after) on the colocated actor (real processes, two DP ranks): the
+log-prob pass the actor queues behind the generation answers ComputeLogProb(kept_rows) exactly as
+sending the rows does; other settings, or an update since, redo it on the kept rows; a wrong key,
+a key with a batch, and bad settings get clear errors and leave the kept rows answering."""
+import asyncio
+
+import grpc
+import torch
+
+from tandem.data import codec
+from tandem.v1 import actor_pb2, rollout_pb2
+
+INVALID = grpc.StatusCode.INVALID_ARGUMENT
+ONE_CALL = {"with_reference": True, "policy_from_row": 8}  # the controller's: the first mini-batch is the update's
+
+
+def _equal(a, b) -> bool:
+    return all(torch.equal(a[k], b[k]) for k in ("old_log_probs", "ref_log_prob"))
+
+
+def test_kept_rows_answer_as_the_sent_rows_and_follow_the_weights(services):
+    async def main():
+        actor, rollout = services.client("actor"), services.client("rollout", "actor")
+        prompts = services.prompts(["12+7=", "905+88=", "3+4=", "640+521=", "1+1=", "77+5=", "9+90=", "4+4="])
+        sample = {"max_new_tokens": 6, "n": 2, "temperature": 0.7, "seed": 11}  # 16 rows: two mini-batches of 8
+        gen = await rollout.generate_sequences(prompts, **sample, log_probs_after=rollout_pb2.LogProbsAfter(**ONE_CALL))
+        key = gen.meta["kept_rows"]
+        seq = services.sequences(gen)
+        sent = await actor.compute_log_prob(seq, **ONE_CALL)
+        kept = await actor.kept_log_prob(key, **ONE_CALL)
+        assert _equal(kept, sent)
+        assert torch.equal(kept["old_log_probs"][:8], torch.zeros(8, 6))  # left to the update
+        # settings other than the queued pass's: redone on the kept rows
+        assert torch.equal((await actor.kept_log_prob(key))["old_log_probs"],
+                           (await actor.compute_log_prob(seq))["old_log_probs"])
+
+        await services.expect_error(actor.kept_log_prob("nope", **ONE_CALL), grpc.StatusCode.FAILED_PRECONDITION,
+                                    "kept_rows: 'nope' is not the rows this actor kept", f"it holds '{key}'",
+                                    "send the batch")
+        both = actor_pb2.ComputeLogProbRequest(batch=codec.encode_batch(seq), kept_rows=key)
+        err = await services.raw_call(services.endpoints["actor"], "/tandem.v1.ActorService/ComputeLogProb",
+                                      both.SerializeToString())
+        assert err.code() == INVALID and "send either the batch or the key" in err.details()
+        await services.expect_error(
+            rollout.generate_sequences(prompts, **sample, log_probs_after=rollout_pb2.LogProbsAfter(policy_from_row=3)),
+            INVALID, "policy_from_row: 3 is not a whole number of mini-batches of 8 rows within the batch's 16")
+        assert _equal(await actor.kept_log_prob(key, **ONE_CALL), sent)  # the refused generation kept nothing
+
+        # an update after the queued pass: the answer is the new policy's, as for sent rows
+        full = (await actor.compute_log_prob(seq))["old_log_probs"]
+        adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(2))
+        train = services.with_tensor(services.with_tensor(seq, "old_log_probs", full), "advantages", adv)
+        await actor.update_actor(train)
+        after = await actor.kept_log_prob(key, **ONE_CALL)
+        assert _equal(after, await actor.compute_log_prob(seq, **ONE_CALL))
+        assert not torch.equal(after["old_log_probs"], kept["old_log_probs"])
+
+        # a generation without log_probs_after keeps nothing and leaves the kept rows as they are
+        plain = await rollout.generate_sequences(prompts, **sample)
+        assert "kept_rows" not in plain.meta and _equal(await actor.kept_log_prob(key, **ONE_CALL), after)
+        await actor.close()
+        await rollout.close()
+
+    asyncio.run(main())
