@@ -58,6 +58,16 @@ class ActorClient(ServiceClient):
         r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch)))
         return dict(r.metrics), r.weights_version
 
+    async def update_actor_kept(self, kept_rows: str, batch: DataProto, on_policy: bool = False,
+                                rows: int = 0) -> tuple[dict, int, DataProto | None]:
+        """UpdateActor on the rows this actor's colocated rollout kept (`batch`: kept_row, advantages,
+        + rollout_log_probs), queued behind their log-prob pass; on_policy / rows as
+        update_actor_on_policy -> (metrics, weights version, the old_log_probs used when on_policy).
+        FailedPrecondition: the actor does not hold them or its weights changed since (send the batch)."""
+        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(
+            batch=codec.encode_batch(batch), on_policy=on_policy, on_policy_rows=rows, kept_rows=kept_rows))
+        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch) if on_policy else None
+
     async def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict, int, DataProto]:
         """UpdateActor without old_log_probs (one mini-batch, one epoch: they are the current
         policy's), or (rows > 0) with the first `rows` rows' left to the update (the first

@@ -24,49 +24,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, contextmanager, nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 
 import torch
 
 from tandem.algos import advantages as adv_algos
 from tandem.algos import kl as kl_algos
 from tandem.algos import metrics as M
-from tandem.config import TandemConfig
 from tandem.controller import scoring
 from tandem.controller.dapo import collect_varied_groups
+from tandem.controller.log_probs import EarlyLogProbs, after_generation, log_probs_and_values, on_policy_step, sequences
 from tandem.controller.reward_calls import RowScores, settle
 from tandem.controller.roles import Roles
 from tandem.controller.step_context import Advantages, LogProbs, StepContext
 from tandem.controller.step_metrics import data_metrics, perf_metrics
+from tandem.controller.step_timing import maybe, timed, timed_await
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
-from tandem.rollout.outputs import SEQ_KEYS, step_rows
+from tandem.rollout.outputs import SEQ_KEYS
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
-from tandem.v1 import rollout_pb2
 
 _log = get_logger("controller.step")
 
 Prompts = DataProto | Callable[[int], DataProto]  # a batch, or k -> the next k prompts
-
-
-@contextmanager
-def timed(metrics: dict, key: str):
-    """Add the block's wall-clock seconds to metrics[key] (a phase run several times adds up)."""
-    t0 = time.perf_counter()
-    yield
-    metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - t0
-
-
-async def _timed(coro, metrics: dict, key: str):
-    """Await `coro` (None: nothing), timing it as metrics[key]."""
-    if coro is None:
-        return None
-    with timed(metrics, key):
-        return await coro
-
-
-async def _maybe(coro):
-    return await coro if coro is not None else None
 
 
 async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, float]:
@@ -84,11 +64,13 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
             early.task.cancel()  # the step fails: its log-probs are not waited for
         raise
     metrics.update(sampling_metrics)
-    lp = await early.result(gen) if early is not None else None
+    kept = len(gen) and early is not None and early.kept and update_from_kept(ctx, step)
+    lp = await early.result(gen) if early is not None and not kept else None
     if nothing_to_train(gen, step, metrics):
         metrics[M.TIMING_STEP] = time.perf_counter() - t_step
         return metrics
-    version = await train_on(ctx, gen, step, metrics, early=lp)
+    version = await (train_on_kept(ctx, gen, step, metrics, early) if kept else train_on(ctx, gen, step, metrics,
+                                                                                         early=lp))
     if ctx.roles.standalone_rollout and version is not None:  # colocated: the rollout uses the actor's weights
         with timed(metrics, M.TIMING_UPDATE_WEIGHTS):  # verl's name for the phase; the sync's own: weight_sync
             metrics.update(await ctx.roles.sync_rollout(version))
@@ -131,62 +113,46 @@ async def train_on(ctx: StepContext, gen: DataProto, step: int, metrics: dict[st
     return version
 
 
-def after_generation(ctx: StepContext) -> bool:
-    """trainer.log_probs_after_generation where it applies: the rollout is the actor's own (colocated)."""
-    return ctx.cfg.trainer.log_probs_after_generation and not ctx.roles.standalone_rollout
+def update_from_kept(ctx: StepContext, step: int) -> bool:
+    """The actor's update can leave before phase 2's results are back: the advantages need no
+    log-probs or values (no critic, no KL in the reward) and the actor trains this step."""
+    return not ctx.use_critic and not ctx.cfg.algorithm.use_kl_in_reward and step > ctx.cfg.trainer.critic_warmup
 
 
-def on_policy_step(ctx: StepContext, rows: int, step: int) -> int:
-    """Leading rows whose old log-probs the update's own forward gives (none while the critic warms up)."""
-    return ctx.on_policy_rows(rows) if step > ctx.cfg.trainer.critic_warmup else 0
-
-
-class EarlyLogProbs:
-    """trainer.log_probs_with_scoring: phase 2 starts when the rows are generated, while they are
-    scored (it does not need the scores); rows scoring drops (reward_model.on_failure=drop) leave
-    its results too. Not with DAPO's dynamic sampling (its rows are known after several rounds).
-    trainer.log_probs_after_generation (colocated): the actor's pass is queued behind the
-    generation itself (`queue_after`) and phase 2 asks for its result (the kept rows)."""
-
-    ROW = "__generated_row__"  # each generated row's number, through scoring's row selection
-
-    def __init__(self, ctx: StepContext, step: int, metrics: dict[str, float]):
-        self.ctx, self.step, self.metrics = ctx, step, metrics
-        self.task: asyncio.Task | None = None
-        self.generated = 0
-
-    def queue_after(self, rows: int) -> rollout_pb2.LogProbsAfter | None:
-        """GenerateSequences' log_probs_after for `rows` generated rows: phase 2's actor call as one
-        ComputeLogProb (an old pass, the reference's with it; or the reference's alone when the
-        update gives every old log-prob); None when phase 2 makes two actor calls or none."""
-        ctx = self.ctx
-        own = on_policy_step(ctx, rows, self.step)
-        if not after_generation(ctx) or (own < rows and ctx.need_ref and not ctx.cfg.trainer.log_probs_one_call):
-            return None
-        if own >= rows and not ctx.need_ref:
-            return None
-        return rollout_pb2.LogProbsAfter(with_reference=ctx.need_ref, policy_from_row=min(own, rows))
-
-    def start(self, gen: DataProto) -> None:
-        kept = gen.meta.pop("kept_rows", "")
-        if not kept and not self.ctx.cfg.trainer.log_probs_with_scoring:
-            return  # nothing was queued: phase 2 runs after scoring (result() is None)
-        # fewer rows later: rows computed by the update stay among the first `own` (scoring keeps the order)
-        own = on_policy_step(self.ctx, len(gen), self.step)
-        self.task = asyncio.ensure_future(log_probs_and_values(self.ctx, sequences(gen, self.ctx.cfg), self.metrics,
-                                                               own=own, kept=kept))
-        self.generated = len(gen)
-        gen.tensors[self.ROW] = torch.arange(len(gen))
-
-    async def result(self, gen: DataProto) -> LogProbs | None:
-        """Phase 2's results for the rows of `gen` that scoring kept (and `gen` without the row
-        numbers); None when it was not started early."""
-        if self.task is None:
-            return None
-        lp, rows = await self.task, gen.tensors.pop(self.ROW)
-        if len(rows) != self.generated:  # scoring dropped rows (keeping the others' order)
-            lp = LogProbs(*(None if x is None else x.index(rows) for x in (lp.old, lp.ref, lp.values)), own=lp.own)
-        return lp
+async def train_on_kept(ctx: StepContext, gen: DataProto, step: int, metrics: dict[str, float],
+                        early: EarlyLogProbs) -> int | None:
+    """train_on when the actor keeps the rows and the log-prob pass queued behind their generation
+    (trainer.log_probs_after_generation) and update_from_kept: the update leaves right after
+    scoring with the advantages and the kept rows' numbers only, and the actor runs it behind that
+    pass (no GPU gap for the round trip); phase 2's results come back meanwhile, for the metrics.
+    The actor no longer holding the rows (FailedPrecondition): train_on."""
+    metrics.update(scoring.reward_metrics(gen, ctx.cfg))
+    with timed(metrics, M.TIMING_ADV):
+        adv, _ = compute_advantages(ctx, gen, LogProbs(None, None, None))
+    send = DataProto(tensors={"kept_row": gen[EarlyLogProbs.ROW], "advantages": adv.advantages.float()})
+    if ctx.cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0:
+        send.tensors["rollout_log_probs"] = gen["rollout_log_probs"]
+    whole, t0 = early.own >= len(gen), time.perf_counter()
+    update = asyncio.ensure_future(ctx.roles.actor.update_actor_kept(
+        early.kept, send, on_policy=early.own > 0, rows=0 if whole else early.own))
+    try:
+        lp = await early.result(gen)
+    except BaseException:
+        update.cancel()
+        raise
+    t_lp = time.perf_counter()
+    try:
+        update_metrics, version, old = await update
+    except FailedPrecondition as e:  # e.g. the actor restarted: the rows go with the update
+        _log.warning("update.kept_rows_gone", reason=str(e))
+        return await train_on(ctx, gen, step, metrics, early=lp)
+    metrics[M.TIMING_UPDATE_ACTOR] = time.perf_counter() - max(t0, t_lp)  # its own: it ran behind the pass
+    if old is not None:  # on-policy rows: the update's own old log-probs
+        lp.old, lp.own = old, 0
+    metrics.update(M.rollout_probs_diff(gen["rollout_log_probs"], lp.old["old_log_probs"], adv.mask))
+    metrics.update(update_metrics)
+    metrics.update(data_metrics(ctx, gen, lp, adv))
+    return version
 
 
 # ---- phase 1: rollout and scoring -----------------------------------------------------------
@@ -229,7 +195,7 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, ti
     remax = cfg.algorithm.adv_estimator == "remax"
     with timed(timings, M.TIMING_REWARD):  # ReMax's greedy baseline rollout is scored meanwhile
         scored, baseline = await asyncio.gather(scoring.score(roles.reward, gen, tokenizer, cfg),
-                                                _maybe(greedy_baseline() if remax else None))
+                                                maybe(greedy_baseline() if remax else None))
     failures = dict(scored.failures)
     if remax:  # a prompt without a baseline cannot be trained on either
         failures.update({p * r.n + i: f"ReMax baseline: {why}" for p, why in baseline[0].failures.items()
@@ -243,59 +209,6 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, ti
         gen = gen.index(keep)
     gen.meta["reward_failed_rows"] = len(failures)
     return gen
-
-
-def sequences(gen: DataProto, cfg: TandemConfig) -> DataProto:
-    """The generated rows as the actor and critic take them."""
-    return step_rows(gen, cfg.actor_rollout_ref.rollout.temperature, cfg.actor_rollout_ref.rollout.n)
-
-
-# ---- phase 2: log-probs and values ----------------------------------------------------------
-
-async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict | None = None,
-                               own: int = 0, kept: str = "") -> LogProbs:
-    """Old log-probs (but those of the first `own` rows: the update computes them; every row's:
-    no pass), reference log-probs and values, concurrently (each timed on its own);
-    trainer.log_probs_one_call: old and reference in one actor call (both timings are that call's).
-    kept: the actor holds these rows (a generation's kept_rows) and its ComputeLogProb pass on them."""
-    actor, critic, timings = ctx.roles.actor, ctx.roles.critic, {} if timings is None else timings
-    old_pass = own < len(seq)
-    if old_pass and ctx.need_ref and ctx.cfg.trainer.log_probs_one_call:  # one call: both timings are its own
-        t0 = time.perf_counter()
-        both, values = await asyncio.gather(
-            _actor_log_prob(actor, seq, kept, with_reference=True, policy_from_row=own),
-            _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
-        for key in (M.TIMING_OLD_LOG_PROB, M.TIMING_REF):
-            timings[key] = timings.get(key, 0.0) + time.perf_counter() - t0
-        if "ref_log_prob" not in both.tensors:  # proto3 drops a field the service does not know
-            raise RuntimeError("the actor service returned no ref_log_prob for ComputeLogProb with_reference: it "
-                               "predates that field; restart it on this version or set trainer.log_probs_one_call=false")
-        ref = DataProto(tensors={"ref_log_prob": both.tensors.pop("ref_log_prob")})
-        return LogProbs(both, ref, values, own)
-    old, ref, values = await asyncio.gather(
-        _timed(_actor_log_prob(actor, seq, kept, policy_from_row=own) if old_pass else None, timings,
-               M.TIMING_OLD_LOG_PROB),
-        _timed(_reference_log_prob(actor, seq, kept) if ctx.need_ref else None, timings, M.TIMING_REF),
-        _timed(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
-    return LogProbs(old, ref, values, own if old_pass else 0)
-
-
-async def _actor_log_prob(actor, seq: DataProto, kept: str, **settings) -> DataProto:
-    """ComputeLogProb on the kept rows when the actor holds them (its pass may be done already), else on `seq`."""
-    if kept:
-        try:
-            return await actor.kept_log_prob(kept, **settings)
-        except FailedPrecondition as e:  # e.g. the actor restarted since the generation: send the rows
-            _log.warning("log_probs.kept_rows_gone", reason=str(e))
-    return await actor.compute_log_prob(seq, **settings)
-
-
-async def _reference_log_prob(actor, seq: DataProto, kept: str) -> DataProto:
-    """ComputeRefLogProb's answer; from the kept rows' pass (the reference's alone) when there is one."""
-    if kept:
-        both = await _actor_log_prob(actor, seq, kept, with_reference=True, policy_from_row=len(seq))
-        return DataProto(tensors={"ref_log_prob": both["ref_log_prob"]})
-    return await actor.compute_ref_log_prob(seq)
 
 
 # ---- phase 3: advantages --------------------------------------------------------------------
@@ -375,8 +288,8 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, criti
     else:
         actor_call = roles.actor.update_actor(actor_batch)
     actor_out, critic_metrics = await asyncio.gather(
-        _timed(actor_call, timings, M.TIMING_UPDATE_ACTOR),
-        _timed(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
+        timed_await(actor_call, timings, M.TIMING_UPDATE_ACTOR),
+        timed_await(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
                M.TIMING_UPDATE_CRITIC))
     if not actor_out:
         return dict(critic_metrics or {}), None

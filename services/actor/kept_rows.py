@@ -20,11 +20,13 @@ import os
 from concurrent.futures import Future
 from dataclasses import dataclass
 
+import torch
+
 from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
 from tandem.logging import get_logger
 from tandem.rollout.outputs import step_rows
-from tandem.rpc.errors import FailedPrecondition
+from tandem.rpc.errors import FailedPrecondition, InvalidArgument
 from tandem.services.actor.front import ActorFront
 from tandem.serving.worker_thread import WorkerThread
 
@@ -65,13 +67,17 @@ class KeptRows:
         self._kept = _Kept(key, settings, rows, self.thread.submit(pass_))  # the previous rows are dropped
         return key
 
-    async def log_probs(self, key: str, settings: Settings) -> DataProto:
-        """ComputeLogProb on the kept rows: the queued pass's output when it still answers the request."""
+    def held(self, key: str) -> _Kept:
         kept = self._kept
         if kept is None or kept.key != key:
             held = f"it holds {kept.key!r}" if kept is not None else "it holds none"
             raise FailedPrecondition(f"kept_rows: {key!r} is not the rows this actor kept ({held}: only its last "
                                      "generation's with log_probs_after, and not across a restart); send the batch")
+        return kept
+
+    async def log_probs(self, key: str, settings: Settings) -> DataProto:
+        """ComputeLogProb on the kept rows: the queued pass's output when it still answers the request."""
+        kept = self.held(key)
         try:
             stamp, out = await asyncio.wrap_future(kept.result)
         except Exception:  # the pass failed (or its generation did): this call does it again, on the kept rows
@@ -82,6 +88,42 @@ class KeptRows:
         rows = await asyncio.wrap_future(kept.rows)  # a failed generation raises its error here
         _log.info("log_probs.kept_rows", key=key, queued_pass="redone" if out is not None else "failed")
         return await self.thread.run(self.front.compute_log_prob, rows, *settings)
+
+    def update_batch(self, kept: _Kept, sent: DataProto, on_policy_rows: int | None, reference: bool) -> DataProto:
+        """On the worker thread, behind the kept pass: UpdateActor's batch from the kept rows that
+        `sent['kept_row']` names, that pass's old (and, `reference`, reference) log-probs and the
+        rest of `sent` (advantages, ...). on_policy_rows: None, not on-policy; 0, every row's old
+        log-probs are the update's own (none taken); k, the first k rows' are."""
+        try:
+            stamp, out = kept.result.result()
+        except Exception as e:
+            raise FailedPrecondition(f"kept_rows: the log-prob pass queued behind that generation failed ({e}); "
+                                     "send the batch") from None
+        if stamp != self._stamp():
+            raise FailedPrecondition("kept_rows: the policy or the reference changed after the log-prob pass queued "
+                                     "behind that generation; send the batch")
+        rows, (_, with_reference, from_row) = kept.rows.result(), kept.settings
+        index = sent.tensors.get("kept_row")
+        if index is None or index.dtype != torch.int64 or index.dim() != 1:
+            raise InvalidArgument("kept_row: the batch must carry 'kept_row', int64 [rows]: which kept rows to train on")
+        if len(index) and (index.min() < 0 or index.max() >= len(rows) or (index[1:] <= index[:-1]).any()):
+            raise InvalidArgument(f"kept_row: row numbers must be increasing, within the {len(rows)} kept rows")
+        taken = index[on_policy_rows or 0:] if on_policy_rows != 0 else index[:0]  # rows that take the pass's
+        if (taken < from_row).any():
+            raise InvalidArgument(f"kept_row: rows {taken[taken < from_row].tolist()[:8]} have no old log-probs in the "
+                                  f"queued pass (it started at row {from_row}): they must be among on_policy_rows")
+        if reference and not with_reference:
+            raise FailedPrecondition("kept_rows: the queued pass computed no reference log-probs (log_probs_after."
+                                     "with_reference) and the update's KL loss needs them; send the batch")
+        batch = rows.index(index)
+        batch.meta = dict(rows.meta)
+        if on_policy_rows != 0:
+            batch.tensors["old_log_probs"] = out["old_log_probs"][index]
+        if reference:
+            batch.tensors["ref_log_prob"] = out["ref_log_prob"][index]
+        batch.tensors.update({k: v for k, v in sent.tensors.items() if k != "kept_row"})
+        _log.info("update.kept_rows", key=kept.key, rows=len(index))
+        return batch
 
     def _stamp(self) -> tuple[int, int]:
         return self.front.mutations, self.front.reference_sets

@@ -18,6 +18,7 @@ from tandem.weights.source_servicer import WeightSourceServicer
 SERVICE = "tandem.v1.ActorService"
 UPDATE_KEYS = ("old_log_probs", "advantages")
 ON_POLICY_KEYS = ("advantages",)
+KEPT_UPDATE_KEYS = ("kept_row", "advantages", "rollout_log_probs")  # UpdateActor(kept_rows)'s batch
 
 
 class ActorServicer(WeightSourceServicer):
@@ -67,6 +68,8 @@ class ActorServicer(WeightSourceServicer):
         keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
         if request.on_policy_rows and not request.on_policy:
             raise InvalidArgument("on_policy_rows: set only with on_policy")
+        if request.kept_rows:
+            return await self._update_kept(request, keys)
         batch = self._decode(request, keys)
         if not request.on_policy:
             metrics = await self.thread.run(self.worker.update_actor, batch)
@@ -78,6 +81,34 @@ class ActorServicer(WeightSourceServicer):
         metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch, rows)
         return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
                                              batch=codec.encode_batch(old))
+
+    async def _update_kept(self, request, keys: tuple[str, ...]):
+        """UpdateActor on the rows the colocated rollout kept: the batch is put together, checked and
+        trained on in one worker call queued behind the kept log-prob pass (no GPU gap after it)."""
+        if self.kept is None:
+            raise FailedPrecondition("kept_rows: this actor has no colocated rollout, so it keeps no rows; "
+                                     "send the batch")
+        kept, sent = self.kept.held(request.kept_rows), codec.decode_batch(request.batch)
+        extra = sorted(set(sent.tensors) - set(KEPT_UPDATE_KEYS))
+        if extra:
+            raise InvalidArgument(f"kept_rows: the batch carries {extra}; with kept rows it carries only "
+                                  f"{', '.join(KEPT_UPDATE_KEYS)} (the actor has the rest)")
+        on_policy_rows = request.on_policy_rows if request.on_policy else None
+        reference = "ref_log_prob" in keys
+
+        def update():
+            batch = self.kept.update_batch(kept, sent, on_policy_rows, reference)
+            schemas.check_sequences(batch, self.worker.vocab_size, keys)
+            schemas.check_meta(batch)
+            if on_policy_rows is None:
+                return self.worker.update_actor(batch), None
+            return self.worker.update_actor_on_policy(batch, on_policy_rows)  # checks before it changes anything
+
+        metrics, old = await self.thread.run(update)
+        out = actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
+        if old is not None:
+            out.batch.CopyFrom(codec.encode_batch(old))
+        return out
 
     async def TrainSft(self, request, context):
         batch = codec.decode_batch(request.batch)

@@ -42,14 +42,16 @@ class ComputeRefLogProbResponse(_message.Message):
     def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class UpdateActorRequest(_message.Message):
-    __slots__ = ("batch", "on_policy", "on_policy_rows")
+    __slots__ = ("batch", "on_policy", "on_policy_rows", "kept_rows")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     ON_POLICY_FIELD_NUMBER: _ClassVar[int]
     ON_POLICY_ROWS_FIELD_NUMBER: _ClassVar[int]
+    KEPT_ROWS_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     on_policy: bool
     on_policy_rows: int
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ..., on_policy_rows: _Optional[int] = ...) -> None: ...
+    kept_rows: str
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ..., on_policy_rows: _Optional[int] = ..., kept_rows: _Optional[str] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
     __slots__ = ("metrics", "weights_version", "batch")

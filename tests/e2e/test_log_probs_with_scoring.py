@@ -81,8 +81,9 @@ def test_same_metrics_with_the_log_prob_pass_queued_behind_the_generation(tmp_pa
     """trainer.log_probs_after_generation (the default, colocated): the actor runs the step's old and
     reference pass (one mini-batch: the reference's alone, the update gives the old log-probs) right
     after its rollout generated the rows and keeps them; the controller asks for that pass's result
-    instead of sending the rows back. Same numbers as sending them, with rows dropped by scoring
-    too; the actor's log shows the queued pass answered every step."""
+    instead of sending the rows back, and sends the update with the advantages and the kept rows'
+    numbers only, right after scoring. Same numbers as sending them, with rows dropped by scoring
+    too; the actor's log shows the queued pass and the kept rows served every step."""
     keys = [*FLAKY, f"actor_rollout_ref.actor.ppo_mini_batch_size={4 // minis}"]
     off = step_metrics(tmp_path, "sent", False, *keys)
     logs = {}
@@ -91,3 +92,4 @@ def test_same_metrics_with_the_log_prob_pass_queued_behind_the_generation(tmp_pa
     for a, b in zip(off, on):
         assert a.keys() == b.keys() and differences(a, b) == {}
     assert logs["actor"].count("log_probs.kept_rows") == 2 and logs["actor"].count("\"queued_pass\": \"used\"") == 2
+    assert logs["actor"].count("update.kept_rows") == 2  # the updates took the kept rows too (GRPO: no values)

@@ -8,6 +8,7 @@ import grpc
 import torch
 
 from tandem.data import codec
+from tandem.data.batch import DataProto
 from tandem.v1 import actor_pb2, rollout_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -58,6 +59,58 @@ def test_kept_rows_answer_as_the_sent_rows_and_follow_the_weights(services):
         # a generation without log_probs_after keeps nothing and leaves the kept rows as they are
         plain = await rollout.generate_sequences(prompts, **sample)
         assert "kept_rows" not in plain.meta and _equal(await actor.kept_log_prob(key, **ONE_CALL), after)
+        await actor.close()
+        await rollout.close()
+
+    asyncio.run(main())
+
+
+def test_update_on_kept_rows_trains_as_the_sent_batch(services, tmp_path):
+    """UpdateActor(kept_rows): the batch is the kept rows that kept_row names, the queued pass's old
+    log-probs and the sent advantages; the same metrics and weights as sending the whole batch (from
+    one checkpoint, first mini-batch on-policy); bad requests refused with the weights unchanged; a
+    second update on the same pass (the policy moved since) FAILED_PRECONDITION."""
+    async def main():
+        actor, rollout = services.client("actor"), services.client("rollout", "actor")
+        prompts = services.prompts(["12+7=", "905+88=", "3+4=", "640+521=", "1+1=", "77+5=", "9+90=", "4+4="])
+        ckpt = await actor.save_checkpoint(str(tmp_path / "before"))
+        after = rollout_pb2.LogProbsAfter(policy_from_row=8)
+        gen = await rollout.generate_sequences(prompts, max_new_tokens=6, n=2, temperature=0.7, seed=5,
+                                               log_probs_after=after)
+        key, seq = gen.meta["kept_rows"], services.sequences(gen)
+        rows = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 15])  # scoring dropped rows 9 and 14
+        adv = torch.randn(len(rows), 6, generator=torch.Generator().manual_seed(3))
+        send = DataProto(tensors={"kept_row": rows, "advantages": adv})
+        version0 = await actor.weights_version()
+        bad = [(send.union(DataProto(tensors={"input_ids": seq["input_ids"][rows]})), {"rows": 8},
+                INVALID, ("the batch carries ['input_ids']",)),
+               (DataProto(tensors={"kept_row": rows + 2, "advantages": adv}), {"rows": 8},
+                INVALID, ("kept_row: row numbers must be increasing, within the 16 kept rows",)),
+               (send, {"rows": 0}, INVALID, ("kept_row: rows [0, 1", "no old log-probs in the queued pass")),
+               (DataProto(tensors={"kept_row": rows.int(), "advantages": adv}), {"rows": 8},
+                INVALID, ("'kept_row', int64 [rows]",))]
+        for batch, kw, code, frags in bad:
+            await services.expect_error(actor.update_actor_kept(key, batch, on_policy=bool(kw["rows"]), **kw),
+                                        code, "UpdateActor", *frags)
+        await services.expect_error(actor.update_actor_kept("nope", send, on_policy=True, rows=8),
+                                    grpc.StatusCode.FAILED_PRECONDITION, "'nope' is not the rows this actor kept")
+        assert await actor.weights_version() == version0
+
+        metrics, version, old = await actor.update_actor_kept(key, send, on_policy=True, rows=8)
+        assert version == version0 + 1
+        trained = (await actor.compute_log_prob(seq))["old_log_probs"]
+        await services.expect_error(actor.update_actor_kept(key, send, on_policy=True, rows=8),
+                                    grpc.StatusCode.FAILED_PRECONDITION, "changed after the log-prob pass")
+
+        await actor.load_checkpoint(ckpt)  # the same update, the whole batch sent
+        part = (await actor.compute_log_prob(seq, policy_from_row=8))["old_log_probs"]
+        batch = services.with_tensor(services.with_tensor(seq.index(rows), "old_log_probs", part[rows]),
+                                     "advantages", adv)
+        sent_metrics, _, sent_old = await actor.update_actor_on_policy(batch, rows=8)
+        same = {k for k in metrics if "memory" not in k}  # the host's memory moves between calls
+        assert same and {k: metrics[k] for k in same} == {k: sent_metrics[k] for k in same}
+        assert torch.equal(old["old_log_probs"], sent_old["old_log_probs"])
+        assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], trained)
         await actor.close()
         await rollout.close()
 
