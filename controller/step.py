@@ -7,9 +7,15 @@
    and the critic's values, concurrently;
    the rows the update trains on the current weights (every row of one mini-batch, else the
    first mini-batch's; one epoch, no KL in the reward) take the update's own forward's old
-   log-probs (bit-identical, TRL does the same), which come back in phase 4;
+   log-probs (bit-identical, TRL does the same), which come back in phase 4 (controller/log_probs.py);
 3. advantages: KL to the reference in the reward (optional), then the configured estimator;
 4. update: actor and critic concurrently, then the new weights to a standalone rollout.
+
+With a colocated rollout (trainer.log_probs_after_generation) the actor queues phase 2's pass
+behind the generation and keeps the rows; when the advantages need no log-probs or values
+(GRPO-like, no KL in the reward) phase 4's update leaves right after scoring, before phase 2's
+results are back, and the actor runs it behind that pass (train_on_kept): the GPU does not wait
+for the controller between generation, log-probs and update.
 
 Timings carry verl's names (`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,
 update_actor,update_weights,step}`); the calls of a phase that run concurrently (old log-probs,

@@ -9,8 +9,11 @@ returns that pass's result.
 
 Same answer as sending the rows: the pass is redone on the kept rows when the request's settings
 differ from the queued ones, or when the policy or the reference changed after the pass ran
-(an update, a load, SetReference). Only the last generation's rows are kept (~15 MB at 512 rows
-x 776 tokens); a key this actor does not hold is FAILED_PRECONDITION, and the caller sends the batch.
+(an update, a load, SetReference). UpdateActor(kept_rows) trains on the kept rows with that pass's
+old and reference log-probs and the advantages it is sent (update_batch), queued behind the pass:
+the controller sends it as soon as scoring ends when the advantages need no log-probs. Only the
+last generation's rows are kept (~15 MB at 512 rows x 776 tokens); a key this actor does not hold,
+or an update whose pass the weights have moved past, is FAILED_PRECONDITION: the caller sends the batch.
 """
 from __future__ import annotations
 
