@@ -3,6 +3,7 @@ log-prob pass the actor queues behind the generation answers ComputeLogProb(kept
 sending the rows does; other settings, or an update since, redo it on the kept rows; a wrong key,
 a key with a batch, and bad settings get clear errors and leave the kept rows answering."""
 import asyncio
+import types
 
 import grpc
 import torch
@@ -111,6 +112,33 @@ def test_update_on_kept_rows_trains_as_the_sent_batch(services, tmp_path):
         assert same and {k: metrics[k] for k in same} == {k: sent_metrics[k] for k in same}
         assert torch.equal(old["old_log_probs"], sent_old["old_log_probs"])
         assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], trained)
+        await actor.close()
+        await rollout.close()
+
+    asyncio.run(main())
+
+
+def test_a_step_whose_actor_lost_the_kept_rows_sends_them(services):
+    """The controller's side against the real actor: the generation's key is one the actor does not
+    hold (as after a restart), so ComputeLogProb(kept_rows) and UpdateActor(kept_rows) are refused
+    and the step sends the rows instead; it trains on them, with the answer of a step that sent them."""
+    from tandem.controller.log_probs import EarlyLogProbs
+    from tandem.controller.step import train_on_kept
+    from tandem.controller.step_context import StepContext
+
+    async def main():
+        actor, rollout = services.client("actor"), services.client("rollout", "actor")
+        gen = await rollout.generate_sequences(services.prompts(), max_new_tokens=6, n=2, temperature=1.0, seed=9)
+        gen.meta["kept_rows"] = "restarted-1"
+        scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+        gen.tensors.update(acc=scores, seq_reward=scores)
+        roles = types.SimpleNamespace(actor=actor, critic=None, standalone_rollout=False)
+        ctx = StepContext(roles=roles, cfg=services.cfg, tokenizer=services.tokenizer, kl_ctrl=None)
+        version0, metrics = await actor.weights_version(), {}
+        early = EarlyLogProbs(ctx, 1, metrics)
+        early.start(gen)  # 8 rows: one mini-batch, every row's old log-probs are the update's own
+        assert await train_on_kept(ctx, gen, 1, metrics, early) == version0 + 1
+        assert metrics["actor/ppo_kl"] == 0.0 and "training/rollout_probs_diff_max" in metrics
         await actor.close()
         await rollout.close()
 
