@@ -27,7 +27,6 @@ class ActorFront:
         self.weights_version = 0
         self.update_calls = 0
         self.mutations = 0
-        self.reference_sets = 0  # SetReference calls: a kept log-prob pass read the reference before them
 
     @classmethod
     def in_process(cls, cfg, tokenizer_len: int) -> "ActorFront":
@@ -142,7 +141,6 @@ class ActorFront:
         return metrics
 
     def set_reference(self) -> None:
-        self.reference_sets += 1
         self.door.everywhere("set_reference")
 
     def export_weights(self):

@@ -70,6 +70,7 @@ class ActorServicer(WeightSourceServicer):
             raise InvalidArgument("on_policy_rows: set only with on_policy")
         if request.kept_rows:
             return await self._update_kept(request, keys)
+        self._writes()
         batch = self._decode(request, keys)
         if not request.on_policy:
             metrics = await self.thread.run(self.worker.update_actor, batch)
@@ -88,13 +89,14 @@ class ActorServicer(WeightSourceServicer):
         if self.kept is None:
             raise FailedPrecondition("kept_rows: this actor has no colocated rollout, so it keeps no rows; "
                                      "send the batch")
-        kept, sent = self.kept.held(request.kept_rows), codec.decode_batch(request.batch)
+        sent = codec.decode_batch(request.batch)
         extra = sorted(set(sent.tensors) - set(KEPT_UPDATE_KEYS))
         if extra:
             raise InvalidArgument(f"kept_rows: the batch carries {extra}; with kept rows it carries only "
                                   f"{', '.join(KEPT_UPDATE_KEYS)} (the actor has the rest)")
         on_policy_rows = request.on_policy_rows if request.on_policy else None
         reference = "ref_log_prob" in keys
+        kept = await self.kept.for_update(request.kept_rows, sent, on_policy_rows, reference)  # counts this update
 
         def update():
             batch = self.kept.update_batch(kept, sent, on_policy_rows, reference)
@@ -110,13 +112,20 @@ class ActorServicer(WeightSourceServicer):
             out.batch.CopyFrom(codec.encode_batch(old))
         return out
 
+    def _writes(self) -> None:
+        """A call that changes the policy or the reference arrived: a kept pass queued before it is stale."""
+        if self.kept is not None:
+            self.kept.wrote()
+
     async def TrainSft(self, request, context):
+        self._writes()
         batch = codec.decode_batch(request.batch)
         schemas.check_sft(batch, self.worker.vocab_size)
         metrics = await self.thread.run(self.worker.train_sft, batch)
         return actor_pb2.TrainSftResponse(metrics=metrics, weights_version=self.worker.weights_version)
 
     async def SetReference(self, request, context):
+        self._writes()
         await self.thread.run(self.worker.set_reference)
         return actor_pb2.SetReferenceResponse()
 
@@ -127,6 +136,7 @@ class ActorServicer(WeightSourceServicer):
     async def LoadCheckpoint(self, request, context):
         if request.trunk_only:
             raise InvalidArgument("trunk_only: only the critic loads a trunk")
+        self._writes()
         path = checkpoint_requests.load_path(request.path)
         try:
             version = await self.thread.run(self.worker.load, path)
