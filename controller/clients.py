@@ -102,15 +102,17 @@ class RolloutClient(ServiceClient):
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                                  seed: int | None = None, greedy: bool = False, row_offset: int = 0,
-                                 log_probs_after: rollout_pb2.LogProbsAfter | None = None) -> DataProto:
-        """The generated rows; with log_probs_after a colocated rollout's actor queues that log-prob
-        pass behind the generation and the rows' meta `kept_rows` is its key (ActorClient.kept_log_prob)."""
+                                 log_probs_after: dict | None = None) -> DataProto:
+        """The generated rows; with log_probs_after (LogProbsAfter's fields: calculate_entropy,
+        with_reference, policy_from_row) a colocated rollout's actor queues that log-prob pass behind
+        the generation and the rows' meta `kept_rows` is its key (ActorClient.kept_log_prob)."""
         params = rollout_pb2.SamplingParams(max_new_tokens=max_new_tokens, n=n, temperature=temperature,
                                             top_p=top_p, top_k=max(top_k, 0), greedy=greedy, row_offset=row_offset)
         if seed is not None:
             params.seed = seed
         r = await self.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
-            batch=codec.encode_batch(batch), sampling=params, log_probs_after=log_probs_after))
+            batch=codec.encode_batch(batch), sampling=params,
+            log_probs_after=rollout_pb2.LogProbsAfter(**log_probs_after) if log_probs_after is not None else None))
         out = codec.decode_batch(r.batch)
         if r.kept_rows:
             out.meta["kept_rows"] = r.kept_rows

@@ -19,7 +19,6 @@ from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 from tandem.rollout.outputs import step_rows
 from tandem.rpc.errors import FailedPrecondition
-from tandem.v1 import rollout_pb2
 
 _log = get_logger("controller.log_probs")
 
@@ -49,7 +48,7 @@ class EarlyLogProbs:
         self.generated = self.own = 0
         self.kept = ""  # the actor keeps the rows and its pass on them under this key
 
-    def queue_after(self, rows: int) -> rollout_pb2.LogProbsAfter | None:
+    def queue_after(self, rows: int) -> dict | None:
         """GenerateSequences' log_probs_after for `rows` generated rows: phase 2's actor call as one
         ComputeLogProb (an old pass, the reference's with it; or the reference's alone when the
         update gives every old log-prob); None when phase 2 makes two actor calls or none."""
@@ -59,7 +58,7 @@ class EarlyLogProbs:
             return None
         if own >= rows and not ctx.need_ref:
             return None
-        return rollout_pb2.LogProbsAfter(with_reference=ctx.need_ref, policy_from_row=min(own, rows))
+        return {"with_reference": ctx.need_ref, "policy_from_row": min(own, rows)}
 
     def start(self, gen: DataProto) -> None:
         kept = gen.meta.pop("kept_rows", "")

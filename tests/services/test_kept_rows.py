@@ -10,7 +10,7 @@ import torch
 
 from tandem.data import codec
 from tandem.data.batch import DataProto
-from tandem.v1 import actor_pb2, rollout_pb2
+from tandem.v1 import actor_pb2
 
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
 ONE_CALL = {"with_reference": True, "policy_from_row": 8}  # the controller's: the first mini-batch is the update's
@@ -25,7 +25,7 @@ def test_kept_rows_answer_as_the_sent_rows_and_follow_the_weights(services):
         actor, rollout = services.client("actor"), services.client("rollout", "actor")
         prompts = services.prompts(["12+7=", "905+88=", "3+4=", "640+521=", "1+1=", "77+5=", "9+90=", "4+4="])
         sample = {"max_new_tokens": 6, "n": 2, "temperature": 0.7, "seed": 11}  # 16 rows: two mini-batches of 8
-        gen = await rollout.generate_sequences(prompts, **sample, log_probs_after=rollout_pb2.LogProbsAfter(**ONE_CALL))
+        gen = await rollout.generate_sequences(prompts, **sample, log_probs_after=ONE_CALL)
         key = gen.meta["kept_rows"]
         seq = services.sequences(gen)
         sent = await actor.compute_log_prob(seq, **ONE_CALL)
@@ -44,7 +44,7 @@ def test_kept_rows_answer_as_the_sent_rows_and_follow_the_weights(services):
                                       both.SerializeToString())
         assert err.code() == INVALID and "send either the batch or the key" in err.details()
         await services.expect_error(
-            rollout.generate_sequences(prompts, **sample, log_probs_after=rollout_pb2.LogProbsAfter(policy_from_row=3)),
+            rollout.generate_sequences(prompts, **sample, log_probs_after={"policy_from_row": 3}),
             INVALID, "policy_from_row: 3 is not a whole number of mini-batches of 8 rows within the batch's 16")
         assert _equal(await actor.kept_log_prob(key, **ONE_CALL), sent)  # the refused generation kept nothing
 
@@ -75,7 +75,7 @@ def test_update_on_kept_rows_trains_as_the_sent_batch(services, tmp_path):
         actor, rollout = services.client("actor"), services.client("rollout", "actor")
         prompts = services.prompts(["12+7=", "905+88=", "3+4=", "640+521=", "1+1=", "77+5=", "9+90=", "4+4="])
         ckpt = await actor.save_checkpoint(str(tmp_path / "before"))
-        after = rollout_pb2.LogProbsAfter(policy_from_row=8)
+        after = {"policy_from_row": 8}
         gen = await rollout.generate_sequences(prompts, max_new_tokens=6, n=2, temperature=0.7, seed=5,
                                                log_probs_after=after)
         key, seq = gen.meta["kept_rows"], services.sequences(gen)

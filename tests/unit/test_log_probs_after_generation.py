@@ -35,7 +35,7 @@ def _ctx(extra=(), actor=None, standalone=False) -> StepContext:
 ])
 def test_the_pass_queued_behind_the_generation(extra, standalone, rows, step, queued):
     plan = EarlyLogProbs(_ctx(extra, standalone=standalone), step, {}).queue_after(rows)
-    assert (None if plan is None else (plan.with_reference, plan.policy_from_row)) == queued
+    assert (None if plan is None else (plan["with_reference"], plan["policy_from_row"])) == queued
 
 
 def test_rows_no_longer_kept_are_sent():
