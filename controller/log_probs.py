@@ -54,9 +54,8 @@ class EarlyLogProbs:
         update gives every old log-prob); None when phase 2 makes two actor calls or none."""
         ctx = self.ctx
         own = on_policy_step(ctx, rows, self.step)
-        if not after_generation(ctx) or (own < rows and ctx.need_ref and not ctx.cfg.trainer.log_probs_one_call):
-            return None
-        if own >= rows and not ctx.need_ref:
+        two_calls = own < rows and ctx.need_ref and not ctx.cfg.trainer.log_probs_one_call
+        if not after_generation(ctx) or two_calls or (own >= rows and not ctx.need_ref):
             return None
         return {"with_reference": ctx.need_ref, "policy_from_row": min(own, rows)}
 
@@ -112,7 +111,7 @@ async def log_probs_and_values(ctx: StepContext, seq: DataProto, timings: dict |
         return LogProbs(both, ref, values, own)
     old, ref, values = await asyncio.gather(
         timed_await(_actor_log_prob(actor, seq, kept, policy_from_row=own) if old_pass else None, timings,
-               M.TIMING_OLD_LOG_PROB),
+                    M.TIMING_OLD_LOG_PROB),
         timed_await(_reference_log_prob(actor, seq, kept) if ctx.need_ref else None, timings, M.TIMING_REF),
         timed_await(critic.compute_values(seq) if ctx.use_critic else None, timings, M.TIMING_VALUES))
     return LogProbs(old, ref, values, own if old_pass else 0)

@@ -60,8 +60,8 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
     (DAPO dynamic sampling may take several batches in one step)."""
     metrics: dict[str, float] = {}
     t_step = time.perf_counter()
-    t = ctx.cfg.trainer
-    on = (t.log_probs_with_scoring or after_generation(ctx)) and not ctx.cfg.algorithm.filter_groups.enable
+    early_on = ctx.cfg.trainer.log_probs_with_scoring or after_generation(ctx)
+    on = early_on and not ctx.cfg.algorithm.filter_groups.enable
     early = EarlyLogProbs(ctx, step, metrics) if on else None
     try:
         gen, sampling_metrics = await rollout_and_score(ctx, prompts, step, metrics, early)
@@ -70,7 +70,7 @@ async def ppo_step(ctx: StepContext, prompts: Prompts, step: int) -> dict[str, f
             early.task.cancel()  # the step fails: its log-probs are not waited for
         raise
     metrics.update(sampling_metrics)
-    kept = len(gen) and early is not None and early.kept and update_from_kept(ctx, step)
+    kept = bool(len(gen) and early is not None and early.kept and update_from_kept(ctx, step))
     lp = await early.result(gen) if early is not None and not kept else None
     if nothing_to_train(gen, step, metrics):
         metrics[M.TIMING_STEP] = time.perf_counter() - t_step
@@ -296,7 +296,7 @@ async def update_actor_critic(roles: Roles, actor_batch: DataProto | None, criti
     actor_out, critic_metrics = await asyncio.gather(
         timed_await(actor_call, timings, M.TIMING_UPDATE_ACTOR),
         timed_await(roles.critic.update_critic(critic_batch) if critic_batch is not None else None, timings,
-               M.TIMING_UPDATE_CRITIC))
+                    M.TIMING_UPDATE_CRITIC))
     if not actor_out:
         return dict(critic_metrics or {}), None
     if lp.old is None or lp.own:

@@ -67,7 +67,6 @@ class KeptRows:
         """Queue the pass behind `generation` (a WorkerThread.submit future) -> the rows' key."""
         temperature, n = params.temperature, params.n
         rows = self.thread.submit(lambda: step_rows(generation.result(), temperature, n))
-
         result = self.thread.submit(lambda: self.front.compute_log_prob(rows.result(), *settings))
         key = f"{self._process}-{next(self._ids)}"
         self._kept = _Kept(key, settings, self._writes, rows, result)  # the previous rows are dropped
@@ -111,7 +110,8 @@ class KeptRows:
             raise InvalidArgument("kept_row: the batch must carry 'kept_row', int64 [rows]: which kept rows to train on")
         if len(index) and (index.min() < 0 or index.max() >= len(rows) or (index[1:] <= index[:-1]).any()):
             raise InvalidArgument(f"kept_row: row numbers must be increasing, within the {len(rows)} kept rows")
-        taken = index[on_policy_rows or 0:] if on_policy_rows != 0 else index[:0]  # rows that take the pass's
+        own = len(index) if on_policy_rows == 0 else on_policy_rows or 0  # leading rows: the update's own
+        taken = index[own:]  # rows that take the pass's old log-probs
         if (taken < from_row).any():
             raise InvalidArgument(f"kept_row: rows {taken[taken < from_row].tolist()[:8]} have no old log-probs in the "
                                   f"queued pass (it started at row {from_row}): they must be among on_policy_rows")

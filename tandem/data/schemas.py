@@ -70,8 +70,14 @@ def check_sequences(batch: DataProto, vocab_size: int, float_keys: tuple[str, ..
     check_contiguous(batch, "attention_mask")
     if bool((check_mask(batch, "response_mask") & ~batch["attention_mask"][:, t - r:].bool()).any()):
         raise InvalidArgument("tensor 'response_mask': 1 where 'attention_mask' has no token")
-    for key in float_keys:
-        x = require_tensor(batch, key, dtype=FLOAT, shape=(b, r))
+    check_floats(batch, float_keys)
+
+
+def check_floats(batch: DataProto, keys: tuple[str, ...]) -> None:
+    """fp32 [B, R] finite tensors `keys`, R from 'responses' (already checked)."""
+    shape = tuple(batch["responses"].shape)
+    for key in keys:
+        x = require_tensor(batch, key, dtype=FLOAT, shape=shape)
         if not bool(torch.isfinite(x).all()):
             raise InvalidArgument(f"tensor '{key}': contains NaN or inf")
 
