@@ -110,6 +110,8 @@ def overrides(a, ckpt: str, train: str, val: str, out: str, name: str) -> list[s
             f"actor_rollout_ref.actor.ppo_mini_batch_size={a.mini_batch or a.prompts}",
             f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
             f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+            *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
+               f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={a.max_tokens}"] if a.max_tokens else []),
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=false",
             "actor_rollout_ref.actor.optim.lr=1e-6", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
             f"actor_rollout_ref.rollout.max_batch_size={a.prompts * a.n}", "services.startup_timeout_s=900",
@@ -274,6 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-max", type=int, default=256)
     p.add_argument("--mini-batch", type=int, default=16, help="ppo_mini_batch_size in prompts (0: all)")
     p.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch (update and log-probs)")
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="micro-batches by a token budget instead (actor.use_dynamic_bsz, ppo_max_token_len_per_gpu)")
     p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                    help="a variant (repeatable); several keys in one variant separated by commas")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration, alternating")
@@ -293,6 +297,8 @@ def main(argv=None) -> int:
     r = roof.rates(s, dev, torch.float32 if a.tiny else torch.bfloat16)
     where = (torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or platform.machine())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    micro_text = (f"micro-batches of up to {a.max_tokens} tokens" if a.max_tokens else
+                  f"micro-batch {8 if a.tiny else a.micro_batch} rows")
     header = [f"## e2e GRPO step, {a.shape}, {stamp}", "",
               f"- command: `python bench/e2e_step.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
               f"- machine: {where}, {os.cpu_count()} CPUs, torch {torch.__version__}; "
@@ -301,7 +307,7 @@ def main(argv=None) -> int:
               f"copy {r['copy_bytes'] / 1e9:.0f} GB/s",
               f"- config: {a.prompts} prompts x {a.n}, prompts {a.prompt_min}-{a.prompt_max} chars, {a.new_tokens} new "
               f"tokens, mini-batch {a.mini_batch or a.prompts} prompts, "
-              f"micro-batch {8 if a.tiny else a.micro_batch} rows, "
+              f"{micro_text}, "
               f"KL loss, {'fp32 CPU' if a.tiny else 'bf16'}, colocated; "
               f"{a.steps} steps per run, medians of steps 2..N; "
               "MFU = the phase's model FLOPs / its time / the matmul rate above",

@@ -14,6 +14,7 @@ from tandem.services.actor.worker import ActorWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import ON_POLICY_ROW, loss_units
+from tandem.train.microbatch import Split, actor_split, ref_split
 
 
 class ActorFront:
@@ -49,7 +50,7 @@ class ActorFront:
         mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
         per_mini = self._rows_per_mini(batch)
         self.check_policy_from_row(policy_from_row, len(batch), per_mini)
-        micro, micro_ref = self.actor_cfg.ppo_micro_batch_size_per_gpu, self._ref_micro()
+        micro, micro_ref = actor_split(self.actor_cfg), self._ref_micro()
         rows = batch.slice(policy_from_row, len(batch))
         temperature = float(batch.meta.get("temperature", 1.0))
         ref = None
@@ -58,10 +59,10 @@ class ActorFront:
         elif with_reference:  # both passes back to back, read back once (no GPU gap between them)
             out, ref = self.door.map_rows_pair("log_probs_pair", rows, batch, temperature, calculate_entropy, micro,
                                                micro_ref, rows_per_mini=(per_mini, len(batch)),
-                                               micro_rows=(micro, micro_ref))
+                                               micro=(micro, micro_ref))
         else:
             out = self.door.map_rows("log_probs", rows, "policy", temperature, calculate_entropy, micro,
-                                     rows_per_mini=per_mini, micro_rows=micro)
+                                     rows_per_mini=per_mini, micro=micro)
         skipped = torch.zeros(policy_from_row, batch["responses"].shape[1])  # the update computes them
         tensors = {"old_log_probs": torch.cat([skipped, out.tensors.get("log_probs", skipped[:0])])}
         if calculate_entropy:
@@ -77,13 +78,13 @@ class ActorFront:
             raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
                                   f"{per_mini} rows within the batch's {rows}")
 
-    def _ref_micro(self) -> int:
-        return self.cfg.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu
+    def _ref_micro(self) -> Split:
+        return ref_split(self.cfg.actor_rollout_ref.ref, self.actor_cfg)
 
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
         micro = self._ref_micro()
         out = self.door.map_rows("log_probs", batch, "ref", float(batch.meta.get("temperature", 1.0)), False,
-                                 micro, rows_per_mini=len(batch), micro_rows=micro)
+                                 micro, rows_per_mini=len(batch), micro=micro)
         return DataProto(tensors={"ref_log_prob": out["log_probs"]})
 
     def update_actor(self, batch: DataProto) -> dict[str, float]:
@@ -124,7 +125,7 @@ class ActorFront:
         a = self.actor_cfg
         metrics, rows = self.door.train_with_rows(
             "update", batch, float(batch.meta.get("temperature", 1.0)), on_policy,
-            rows_per_mini=self._rows_per_mini(batch), micro_rows=a.ppo_micro_batch_size_per_gpu,
+            rows_per_mini=self._rows_per_mini(batch), micro=actor_split(a),
             epochs=a.ppo_epochs, shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
             units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
         self.update_calls += 1
@@ -135,7 +136,7 @@ class ActorFront:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""
         self.mutations += 1
         metrics = self.door.train(  # loss units: the tokens predicted
-            "train_sft", batch, rows_per_mini=len(batch), micro_rows=self.actor_cfg.ppo_micro_batch_size_per_gpu,
+            "train_sft", batch, rows_per_mini=len(batch), micro=actor_split(self.actor_cfg),
             units=lambda mini: loss_units(mini["loss_mask"][:, 1:], "token-mean"))
         self.weights_version += 1
         return metrics

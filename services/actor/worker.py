@@ -22,6 +22,7 @@ from tandem.parallel import device
 from tandem.services.actor.memory import actor_memory
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
+from tandem.train.microbatch import Split, actor_split
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.schedule import overlaps_host_work, reads_responses_only, shares_prompts
@@ -65,15 +66,15 @@ class ActorWorker:
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()
     def log_probs(self, shards: list[DataProto | None], which: str, temperature: float,
-                  entropy: bool, micro_rows: int) -> list[DataProto | None]:
+                  entropy: bool, micro: Split) -> list[DataProto | None]:
         """Per shard: 'log_probs' [B, R] fp32 (+ 'entropys') of `which` ('policy' or 'ref')."""
         with self.memory.phase("log_probs" if which == "policy" else "ref_log_probs"):
             return self._log_probs(self.ddp if which == "policy" else self.ref, shards, temperature,
-                                   entropy, micro_rows)
+                                   entropy, micro)
 
     @torch.no_grad()
     def log_probs_pair(self, policy: list[DataProto | None], ref: list[DataProto | None], temperature: float,
-                       entropy: bool, micro_policy: int, micro_ref: int) -> tuple[list, list]:
+                       entropy: bool, micro_policy: Split, micro_ref: Split) -> tuple[list, list]:
         """log_probs of the policy over `policy`, then of the reference over `ref`, read back once after
         both: the reference's host work runs while the GPU finishes the policy's pass."""
         with self.memory.phase("log_probs"):
@@ -82,7 +83,7 @@ class ActorWorker:
             second = self._log_probs(self.ref, ref, temperature, False, micro_ref, read_back=False)
         return rows_on_host(first), rows_on_host(second)
 
-    def _log_probs(self, model, shards, temperature, entropy, micro_rows, read_back: bool = True):
+    def _log_probs(self, model, shards, temperature, entropy, micro, read_back: bool = True):
         model.eval()
 
         @reads_responses_only
@@ -95,7 +96,7 @@ class ActorWorker:
 
         shares_prompts(loss_fn, self.share_prompts)
         overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
-        return forward_rows(model, shards, micro_rows, loss_fn, read_back)
+        return forward_rows(model, shards, micro, loss_fn, read_back)
 
     # ---- training --------------------------------------------------------------------
     def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:
@@ -124,10 +125,10 @@ class ActorWorker:
         if self._last_trained is not None and self._last_trained is not optimizer:
             optimizer.reload_model_params()  # the other optimizer moved the weights (bf16 main copies)
         self._last_trained = optimizer
-        micro_rows = self.actor_cfg.ppo_micro_batch_size_per_gpu
+        micro = actor_split(self.actor_cfg)
         moe_key = M.ACTOR_MOE_LOAD_BALANCING_LOSS if optimizer is self.optimizer else M.SFT_MOE_LOAD_BALANCING_LOSS
-        with self.load_balancing.update(shards, micro_rows, moe_key) as moe_metrics:
-            out = train_steps(self.ddp, optimizer, shards, micro_rows, loss_fn, grad_norm_key, lr_key)
+        with self.load_balancing.update(shards, micro, moe_key) as moe_metrics:
+            out = train_steps(self.ddp, optimizer, shards, micro, loss_fn, grad_norm_key, lr_key)
         out["weighted"].update(moe_metrics)
         return out
 

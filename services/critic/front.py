@@ -6,6 +6,7 @@ from tandem.services.critic.worker import CriticWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import loss_units
+from tandem.train.microbatch import critic_split
 
 
 class CriticFront:
@@ -23,13 +24,13 @@ class CriticFront:
         return self.critic_cfg.ppo_mini_batch_size * n
 
     def compute_values(self, batch: DataProto) -> DataProto:
-        micro = self.critic_cfg.ppo_micro_batch_size_per_gpu
-        return self.door.map_rows("values", batch, micro, rows_per_mini=self._rows_per_mini(batch), micro_rows=micro)
+        micro = critic_split(self.critic_cfg, forward=True)
+        return self.door.map_rows("values", batch, micro, rows_per_mini=self._rows_per_mini(batch), micro=micro)
 
     def update_critic(self, batch: DataProto) -> dict[str, float]:
         c = self.critic_cfg
         metrics = self.door.train(
-            "update", batch, rows_per_mini=self._rows_per_mini(batch), micro_rows=c.ppo_micro_batch_size_per_gpu,
+            "update", batch, rows_per_mini=self._rows_per_mini(batch), micro=critic_split(c),
             epochs=c.ppo_epochs, seed=self.cfg.trainer.seed + self.update_calls,
             units=lambda mini: loss_units(mini["response_mask"], c.loss_agg_mode))
         self.update_calls += 1

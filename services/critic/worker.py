@@ -19,6 +19,7 @@ from tandem.models.scalar_head import build_scalar_model
 from tandem.models.shape_from_config import model_shape
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
+from tandem.train.microbatch import Split, critic_split
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
 from tandem.train.phases import MemoryPhases, grads_group, optimizer_group, params_group
@@ -44,24 +45,24 @@ class CriticWorker:
         self.memory.add(optimizer_group(lambda: [self.optimizer], self.model, m.optimizer_offload))
 
     @torch.no_grad()
-    def values(self, shards: list[DataProto | None], micro_rows: int) -> list[DataProto | None]:
+    def values(self, shards: list[DataProto | None], micro: Split) -> list[DataProto | None]:
         with self.memory.phase("values"):
-            return self._values(shards, micro_rows)
+            return self._values(shards, micro)
 
-    def _values(self, shards: list[DataProto | None], micro_rows: int) -> list[DataProto | None]:
+    def _values(self, shards: list[DataProto | None], micro: Split) -> list[DataProto | None]:
         self.ddp.eval()
 
         def loss_fn(output, mb):
             return output.new_zeros(()), 0, {"values": losses.values_of(output, mb)}  # read back once per call
 
-        return forward_rows(self.ddp, shards, micro_rows, loss_fn)
+        return forward_rows(self.ddp, shards, micro, loss_fn)
 
     def update(self, shards: list[DataProto]) -> dict:
         loss_fn = functools.partial(losses.critic_loss, cfg=self.critic_cfg)
-        micro_rows = self.critic_cfg.ppo_micro_batch_size_per_gpu
+        micro = critic_split(self.critic_cfg)
         with self.memory.phase("train"), \
-                self.load_balancing.update(shards, micro_rows, M.CRITIC_MOE_LOAD_BALANCING_LOSS) as moe_metrics:
-            out = train_steps(self.ddp, self.optimizer, shards, micro_rows, loss_fn, M.CRITIC_GRAD_NORM, "critic/lr")
+                self.load_balancing.update(shards, micro, M.CRITIC_MOE_LOAD_BALANCING_LOSS) as moe_metrics:
+            out = train_steps(self.ddp, self.optimizer, shards, micro, loss_fn, M.CRITIC_GRAD_NORM, "critic/lr")
             out["steps"].update(memory_metrics("critic"))
         out["weighted"].update(moe_metrics)
         return out

@@ -70,5 +70,5 @@ class RewardModelFront:
 
     def score(self, batch: DataProto) -> torch.Tensor:
         seq = batch.select(tensor_keys=["input_ids", "attention_mask"], column_keys=[])
-        out = self.door.map_rows("scores", seq, self.micro_rows, rows_per_mini=len(seq), micro_rows=self.micro_rows)
+        out = self.door.map_rows("scores", seq, self.micro_rows, rows_per_mini=len(seq), micro=self.micro_rows)
         return out["rm_scores"]

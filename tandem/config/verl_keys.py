@@ -209,8 +209,14 @@ RULES: tuple[Rule, ...] = (
     refused("*.optim.lr_wsd_*", SCHEDULE), refused("*.optim.use_checkpoint_opt_param_scheduler", SCHEDULE),
     # ---- actor / critic / ref micro-batching ----
     refused("*.ppo_micro_batch_size", MBS), refused("*.log_prob_micro_batch_size", MBS),
-    mapped("*.use_dynamic_bsz", MEMORY), mapped("*.log_prob_use_dynamic_bsz", MEMORY),
-    mapped("*max_token_len_per_gpu", MEMORY),
+    mapped("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "old log-probs run in the update's micro-batches "
+           "(actor.use_dynamic_bsz)"),
+    mapped("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu", "old log-probs run in the update's "
+           "micro-batches (actor.ppo_max_token_len_per_gpu)"),
+    mapped("reward_model.use_dynamic_bsz", "the reward model runs micro-batches of reward_model.micro_batch_size_per_gpu "
+           "rows (token budgets: the actor's, reference's and critic's use_dynamic_bsz)"),
+    mapped("reward_model.forward_max_token_len_per_gpu", "the reward model runs micro-batches of "
+           "reward_model.micro_batch_size_per_gpu rows"),
     mapped("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu", "old log-probs run in the update's "
            "micro-batches (actor.ppo_micro_batch_size_per_gpu), so the first mini-batch's ppo_kl is exactly 0"),
     mapped("*.data_loader_seed", "mini-batch shuffling (actor.shuffle) is seeded from trainer.seed"),

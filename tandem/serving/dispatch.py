@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from tandem.data.batch import DataProto
-from tandem.train.microbatch import mini_batches
+from tandem.train.microbatch import Split, micro_batches, mini_batches
 
 
 @dataclass
@@ -92,16 +92,20 @@ def combine_train_metrics(results: list[dict], num_minis: int) -> dict[str, floa
     return out
 
 
-def check_lockstep(lay: Layout, micro_rows: int) -> None:
+def check_lockstep(lay: Layout, split: Split) -> None:
     """Expert parallelism: every MoE layer's all-to-all spans data-parallel ranks, so every DP
     rank must run the same number of micro-batches in each mini-batch (or all wait forever)."""
     from tandem.rpc.errors import InvalidArgument
 
     for i, shards in enumerate(zip(*lay.shards)):
-        counts = [0 if s is None else -(-len(s) // micro_rows) for s in shards]
+        counts = [0 if s is None else len(micro_batches(s, split)) for s in shards]
         if len(set(counts)) > 1:
             rows = [0 if s is None else len(s) for s in shards]
             raise InvalidArgument(
-                f"batch: mini-batch {i} splits into {rows} rows = {counts} micro-batches of up to {micro_rows} "
-                f"rows over {len(shards)} data-parallel ranks; expert parallelism needs the same number of "
+                f"batch: mini-batch {i} splits into {rows} rows = {counts} micro-batches {_split_text(split)} "
+                f"over {len(shards)} data-parallel ranks; expert parallelism needs the same number of "
                 f"micro-batches on every rank (send mini-batches of a multiple of {len(shards)} rows)")
+
+
+def _split_text(split: Split) -> str:
+    return f"of up to {split} rows" if isinstance(split, int) else f"of up to {split.max_tokens} tokens"

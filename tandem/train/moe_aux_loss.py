@@ -34,7 +34,7 @@ import torch
 from tandem.config import router_aux_loss_coeff
 from tandem.data.batch import DataProto
 from tandem.parallel import device
-from tandem.train.microbatch import micro_batches
+from tandem.train.microbatch import Split, micro_batches
 
 
 class _AttachLoss(torch.autograd.Function):
@@ -88,8 +88,8 @@ class RouterLoadBalancing:
                 m.register_forward_hook(self._after_router)
 
     @contextmanager
-    def update(self, minis: list[DataProto], micro_rows: int, metric_key: str) -> Iterator[dict]:
-        """Around train_steps(model, ..., minis, micro_rows, ...): each forward of the model is
+    def update(self, minis: list[DataProto], micro: Split, metric_key: str) -> Iterator[dict]:
+        """Around train_steps(model, ..., minis, micro, ...): each forward of the model is
         the next micro-batch of `minis` in order (the schedule's contract). Yields a dict that
         gets {metric_key: this rank's share of the mean per-layer loss, summed over minis} on
         exit, in train_steps' "weighted" convention (the front door sums DP ranks)."""
@@ -99,7 +99,7 @@ class RouterLoadBalancing:
                                "(tandem.serving.dispatch.train_layout sets it)")
         self._plan = [_MicroBatch(float(mini.meta["loss_units"]), float(mini.meta["tokens"]),
                                   int(mb["attention_mask"].sum()))
-                      for mini in minis for mb in micro_batches(mini, micro_rows)]
+                      for mini in minis for mb in micro_batches(mini, micro)]
         self._index, self._active = -1, True
         self._metric = torch.zeros((), dtype=torch.float64, device=device.device())
         pre = self.model.register_forward_pre_hook(self._next_micro_batch)
@@ -151,7 +151,7 @@ class _Off:
     """The same API when there is no load-balancing loss (dense model, or coefficient 0)."""
 
     @contextmanager
-    def update(self, minis, micro_rows: int, metric_key: str) -> Iterator[dict]:
+    def update(self, minis, micro: Split, metric_key: str) -> Iterator[dict]:
         yield {}
 
 

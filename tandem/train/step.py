@@ -14,12 +14,12 @@ from typing import Callable
 import torch
 
 from tandem.data.batch import DataProto
-from tandem.train.microbatch import micro_batches
+from tandem.train.microbatch import Split, micro_batches
 from tandem.train.optim import Optimizer
 from tandem.train.schedule import is_scalar, run_schedule
 
 
-def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows: int,
+def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro: Split,
                 loss_fn: Callable, grad_norm_key: str, lr_key: str) -> dict:
     """-> {"weighted": {metric: sum over minis of (sum of value x units) / mini units},
     "steps": {grad_norm_key: mean, lr_key: mean}, "rows": one DataProto per mini of the
@@ -31,7 +31,7 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
     for mini in minis:
         total_units = float(mini.meta["loss_units"])  # of the global mini-batch, all DP ranks
         optimizer.zero_grad()
-        outs = run_schedule(model, micro_batches(mini, micro_rows), loss_fn, forward_only=False)
+        outs = run_schedule(model, micro_batches(mini, micro), loss_fn, forward_only=False)
         per_row: dict[str, list] = defaultdict(list)
         for out in outs:
             for k, v in out.items():
@@ -49,7 +49,7 @@ def train_steps(model, optimizer: Optimizer, minis: list[DataProto], micro_rows:
             "rows": [_on_host(r) for r in rows]}  # read back after the last step: one wait per call
 
 
-def forward_rows(model, shards: list[DataProto | None], micro_rows: int, loss_fn: Callable,
+def forward_rows(model, shards: list[DataProto | None], micro: Split, loss_fn: Callable,
                  read_back: bool = True) -> list:
     """Per shard: the loss_fn's per-row outputs (its third value, 'units' aside) of a forward-only pass,
     read back to the host once, after every shard's forward (one wait per call, not per shard).
@@ -57,7 +57,7 @@ def forward_rows(model, shards: list[DataProto | None], micro_rows: int, loss_fn
     this one leaves the GPU no gap."""
     out = []
     for shard in shards:
-        parts = [] if shard is None else run_schedule(model, micro_batches(shard, micro_rows), loss_fn,
+        parts = [] if shard is None else run_schedule(model, micro_batches(shard, micro), loss_fn,
                                                       forward_only=True)
         out.append({k: torch.cat([p[k] for p in parts]) for k in parts[0] if k != "units"} if parts else None)
     return rows_on_host(out) if read_back else out

@@ -11,6 +11,7 @@ from tandem.config.checks.algorithm import check_algorithm, check_dapo
 from tandem.config.checks.async_training import check_async_training
 from tandem.config.checks.files import check_model_files
 from tandem.config.checks.memory import check_memory
+from tandem.config.checks.micro_batches import check_micro_batches
 from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.placement import check_placement
 from tandem.config.checks.profile import check_profile
@@ -30,7 +31,8 @@ from tandem.config.schema import TandemConfig
 CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
-          check_model_files, check_sft, check_async_training, check_profile, check_memory)
+          check_model_files, check_sft, check_async_training, check_profile, check_memory,
+          check_micro_batches)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:
