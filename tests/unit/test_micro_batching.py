@@ -159,3 +159,44 @@ def test_an_update_on_token_budgets_equals_one_on_rows(megatron_dist, arithmetic
         assert m1[k] == pytest.approx(m2[k], rel=1e-4, abs=1e-7), k
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)
+
+
+def test_the_critic_on_token_budgets_equals_the_critic_on_rows(megatron_dist, arithmetic_tokenizer, monkeypatch):
+    """Values and an update through the critic's front door: 3 rows per micro-batch against a 14-token budget."""
+    from tandem.config import load_config
+    from tandem.parallel import device
+    from tandem.services.critic.front import CriticFront
+    from tandem.services.critic.worker import CriticWorker
+    from tandem.serving.rank_group import RankGroup
+    from tandem.train import schedule
+
+    sizes = []
+    run = schedule.run_schedule
+    monkeypatch.setattr("tandem.train.step.run_schedule",
+                        lambda model, mbs, *a, **k: sizes.append([len(m) for m in mbs]) or run(model, mbs, *a, **k))
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, len(arithmetic_tokenizer), (6, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[:, :2] = torch.tensor([[0, 0], [0, 1], [1, 1], [0, 0], [0, 1], [1, 1]])  # left padding: 7-9 tokens a row
+    batch = DataProto(tensors={"input_ids": ids * mask, "attention_mask": mask, "responses": ids[:, 5:],
+                               "response_mask": torch.ones_like(ids[:, 5:])}, meta={"rollout_n": 2})
+    returns, out = torch.randn(6, 4, generator=g), {}
+    for name, extra in (("rows", ["critic.ppo_micro_batch_size_per_gpu=3"]),
+                        ("tokens", ["critic.use_dynamic_bsz=true", "critic.ppo_max_token_len_per_gpu=14",
+                                    "critic.forward_max_token_len_per_gpu=20"])):
+        cfg = load_config(None, [f"actor_rollout_ref.model.tokenizer_path={arithmetic_tokenizer.name_or_path}",
+                                 "actor_rollout_ref.model.hidden_size=64", "actor_rollout_ref.model.intermediate_size=128",
+                                 "algorithm.adv_estimator=gae", "data.max_prompt_length=5", "data.max_response_length=4",
+                                 "actor_rollout_ref.rollout.n=2", "critic.ppo_mini_batch_size=3", *extra])
+        device.manual_seed(1)
+        worker = CriticWorker(cfg, len(arithmetic_tokenizer))
+        front = CriticFront(RankGroup({"critic": worker}), worker)
+        sizes.clear()
+        values = front.compute_values(batch)["values"]
+        train = batch.union(DataProto(tensors={"values": values, "returns": returns}))
+        out[name] = (values, front.update_critic(train), list(sizes))
+    (v1, m1, s1), (v2, m2, s2) = out["rows"], out["tokens"]
+    assert s1 == [[3, 3], [3, 3]] and s2 == [[2, 2, 2], [1] * 6], (s1, s2)  # values, then the update
+    torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-6)
+    assert m1["critic/vf_loss"] == pytest.approx(m2["critic/vf_loss"], rel=1e-4)
+    assert m1["critic/grad_norm"] == pytest.approx(m2["critic/grad_norm"], rel=1e-4)
