@@ -1,6 +1,6 @@
 """Host work of the actor's log-prob and update passes at bench/e2e_step.py's batch shape, on the CPU.
 
-    python bench/host_prep.py [--rows 512] [--micro 16] [--repeats 5]
+    python bench/host_prep.py [--rows 512] [--micro 16 | --max-tokens N] [--repeats 5]
     TANDEM_BENCH_TREE=/tmp/main python bench/host_prep.py      # another checkout's code (before / after)
 
 On a GPU the model's kernels run asynchronously, so what the host does before a call's first
@@ -108,11 +108,17 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, default=512)
     p.add_argument("--micro", type=int, default=16)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=0, help="micro-batches of up to N tokens instead (use_dynamic_bsz)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
     from tandem.train.microbatch import micro_batches
 
-    m, micro = model(), micro_batches(batch(a.rows), a.micro)
+    split = a.micro
+    if a.max_tokens:
+        from tandem.train.microbatch import MicroBatching
+
+        split = MicroBatching(a.max_tokens)
+    m, micro = model(), micro_batches(batch(a.rows), split)
     has_lazy = hasattr(__import__("tandem.train.schedule", fromlist=["x"]), "overlaps_host_work")
     call_ms(m, micro, False)  # warm-up
     res = {"packing": [], "first_off": [], "first_on": [], "call_off": [], "call_on": []}
@@ -123,7 +129,8 @@ def main(argv=None) -> int:
             res[f"first_{mode}"].append(f)
             res[f"call_{mode}"].append(c)
     med = {k: statistics.median(v) for k, v in res.items()}
-    print(f"# host work of one log-prob call: {a.rows} rows, micro-batches of {a.micro} ({len(micro)}), "
+    what = f"{a.max_tokens} tokens" if a.max_tokens else f"{a.micro}"
+    print(f"# host work of one log-prob call: {a.rows} rows, micro-batches of {what} ({len(micro)}), "
           f"prompt width {PROMPT_W}, response width {RESPONSE_W}; CPU time, torch 1 thread; "
           f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.2f}; "
           f"tree {os.environ.get('TANDEM_BENCH_TREE') or 'this checkout'}"
