@@ -107,5 +107,19 @@ def check_lockstep(lay: Layout, split: Split) -> None:
                 f"micro-batches on every rank (send mini-batches of a multiple of {len(shards)} rows)")
 
 
+def check_split(batch: DataProto, split: Split) -> None:
+    """A token budget must hold every row (rows are never cut): refused before any rank runs, so
+    that nothing is half done (an update's earlier mini-batches already stepped)."""
+    from tandem.rpc.errors import InvalidArgument
+
+    if isinstance(split, int) or not len(batch) or "attention_mask" not in batch.tensors:
+        return
+    lengths = batch["attention_mask"].sum(1)
+    if int(lengths.max()) > split.max_tokens:
+        row = int(lengths.argmax())
+        raise InvalidArgument(f"attention_mask: row {row} has {int(lengths[row])} tokens, more than the micro-batch "
+                              f"token budget of {split.max_tokens} (*_max_token_len_per_gpu; rows are never cut)")
+
+
 def _split_text(split: Split) -> str:
     return f"of up to {split} rows" if isinstance(split, int) else f"of up to {split.max_tokens} tokens"

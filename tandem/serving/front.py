@@ -14,6 +14,7 @@ from typing import Callable
 from tandem.data.batch import DataProto
 from tandem.serving.dispatch import (
     check_lockstep,
+    check_split,
     combine_train_metrics,
     gather_rows,
     layout,
@@ -52,6 +53,7 @@ class FrontDoor:
                      for i, (lay, b) in enumerate(zip(lays, (first, second))))
 
     def _layout(self, batch: DataProto, rows_per_mini: int, micro: Split):
+        check_split(batch, micro)
         lay = layout(batch, rows_per_mini, self.dp)
         if self.lockstep:
             check_lockstep(lay, micro)
@@ -70,6 +72,7 @@ class FrontDoor:
                         seed: int = 0) -> tuple[dict[str, float], DataProto | None]:
         """`train`, and the update's per-row outputs (its results' "rows", e.g. on-policy old
         log-probs) back in the batch's row order (None when it has none; one epoch only)."""
+        check_split(batch, micro)
         lay = train_layout(batch, rows_per_mini, self.dp, epochs=epochs, shuffle=shuffle, seed=seed, units=units)
         if self.lockstep:
             check_lockstep(lay, micro)

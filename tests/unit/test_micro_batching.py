@@ -200,3 +200,29 @@ def test_the_critic_on_token_budgets_equals_the_critic_on_rows(megatron_dist, ar
     torch.testing.assert_close(v1, v2, rtol=1e-5, atol=1e-6)
     assert m1["critic/vf_loss"] == pytest.approx(m2["critic/vf_loss"], rel=1e-4)
     assert m1["critic/grad_norm"] == pytest.approx(m2["critic/grad_norm"], rel=1e-4)
+
+
+def test_a_row_over_the_budget_is_refused_before_any_rank_runs(megatron_dist, arithmetic_tokenizer):
+    """A request whose rows do not fit the budget (a client not bound by data.max_*_length): INVALID_ARGUMENT
+    naming the row, for the log-prob passes and the update alike, with the weights and version unchanged."""
+    from tandem.rpc.errors import InvalidArgument
+    from tests.unit.test_actor_worker import generate, make_worker, weights
+
+    worker = make_worker(arithmetic_tokenizer, "actor_rollout_ref.actor.use_dynamic_bsz=true",
+                         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=11", "data.max_prompt_length=5",
+                         "data.max_response_length=6")
+    seq = generate(worker, arithmetic_tokenizer)
+    longest = int(seq["attention_mask"].sum(1).max())
+    assert longest > 11
+    message = rf"attention_mask: row \d+ has {longest} tokens, more than the micro-batch token budget of 11"
+    for call in (lambda: worker.compute_log_prob(seq), lambda: worker.compute_log_prob(seq, with_reference=True),
+                 lambda: worker.compute_ref_log_prob(seq)):
+        with pytest.raises(InvalidArgument, match=message):
+            call()
+    before = weights(worker)
+    batch = seq.union(DataProto(tensors={"old_log_probs": torch.zeros(seq["responses"].shape),
+                                         "advantages": torch.ones(seq["responses"].shape)}))
+    with pytest.raises(InvalidArgument, match=message):
+        worker.update_actor(batch)
+    assert worker.weights_version == 0
+    assert all(torch.equal(v, weights(worker)[k]) for k, v in before.items())
