@@ -111,19 +111,18 @@ def main(argv=None) -> int:
     p.add_argument("--max-tokens", type=int, default=0, help="micro-batches of up to N tokens instead (use_dynamic_bsz)")
     a = p.parse_args(argv)
     torch.set_num_threads(1)
-    from tandem.train.microbatch import micro_batches
+    from tandem.train.microbatch import MicroBatching, micro_batches
 
-    split = a.micro
-    if a.max_tokens:
-        from tandem.train.microbatch import MicroBatching
-
-        split = MicroBatching(a.max_tokens)
-    m, micro = model(), micro_batches(batch(a.rows), split)
+    split = MicroBatching(a.max_tokens) if a.max_tokens else a.micro
+    rows = batch(a.rows)
+    m, micro = model(), micro_batches(rows, split)
+    by_rows = micro_batches(rows, a.micro)  # --max-tokens: the packing at --micro rows too, same run
     has_lazy = hasattr(__import__("tandem.train.schedule", fromlist=["x"]), "overlaps_host_work")
     call_ms(m, micro, False)  # warm-up
-    res = {"packing": [], "first_off": [], "first_on": [], "call_off": [], "call_on": []}
+    res = {"packing": [], "packing_rows": [], "first_off": [], "first_on": [], "call_off": [], "call_on": []}
     for _ in range(a.repeats):
         res["packing"].append(packing_ms(micro))
+        res["packing_rows"].append(packing_ms(by_rows) if a.max_tokens else 0.0)
         for mode in ("off", "on"):
             f, c = call_ms(m, micro, mode == "on")
             res[f"first_{mode}"].append(f)
@@ -135,7 +134,9 @@ def main(argv=None) -> int:
           f"{platform.processor() or platform.machine()}, load {os.getloadavg()[0]:.2f}; "
           f"tree {os.environ.get('TANDEM_BENCH_TREE') or 'this checkout'}"
           + ("" if has_lazy else " (no overlap_host_work: 'on' = 'off')"))
-    print(f"packing (all micro-batches)      {med['packing']:8.1f} ms")
+    print(f"packing (all micro-batches)      {med['packing']:8.1f} ms"
+          + (f"   ({med['packing'] / med['packing_rows']:.3f}x of {med['packing_rows']:.1f} ms at {a.micro} rows, "
+             f"{len(by_rows)} micro-batches)" if a.max_tokens else ""))
     print(f"to first forward, packing ahead  {med['first_off']:8.1f} ms")
     print(f"to first forward, per micro-batch {med['first_on']:7.1f} ms   ({med['first_on'] / med['first_off']:.3f}x)")
     print(f"whole call, packing ahead        {med['call_off']:8.1f} ms")

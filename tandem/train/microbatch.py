@@ -9,6 +9,7 @@ by the mini-batch's loss units (tandem/train/schedule.py), and rows keep their o
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -71,10 +72,7 @@ def mini_batches(batch: DataProto, rows: int, epochs: int, shuffle: bool,
 def micro_batches(batch: DataProto, split: Split) -> list[DataProto]:
     if isinstance(split, MicroBatching):
         sizes = token_runs(batch["attention_mask"].sum(1).tolist(), split.max_tokens)
-        starts = [0]
-        for n in sizes[:-1]:
-            starts.append(starts[-1] + n)
-        return [batch.slice(s, s + n) for s, n in zip(starts, sizes)]
+        return [batch.slice(s, s + n) for s, n in zip(itertools.accumulate([0, *sizes]), sizes)]
     if split < 1:
         raise ValueError(f"micro-batch size must be >= 1, got {split}")
     return batch.split(split)

@@ -13,6 +13,7 @@ from tandem.config.schema import TandemConfig
 def check_micro_batches(cfg: TandemConfig) -> None:
     a, ref, c, d = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic, cfg.data
     longest = d.max_prompt_length + d.max_response_length
+    # the reference's keys unset follow the actor's (as tandem/train/microbatch.py ref_split)
     ref_dynamic = a.use_dynamic_bsz if ref.log_prob_use_dynamic_bsz is None else ref.log_prob_use_dynamic_bsz
     budgets = [("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", a.use_dynamic_bsz, a.ppo_max_token_len_per_gpu),
                ("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu", ref_dynamic,
