@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import signal
 import sys
 
 SERVICE_COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")  # controller/service/cli.py
@@ -62,13 +60,12 @@ def main(argv=None) -> int:
     for notice in taken.notices:  # what each verl key Tandem maps became
         print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
+    from tandem.controller import interrupt
     from tandem.controller.recovery import RunStopped
     from tandem.controller.reward_calls import RewardFailure
     from tandem.controller.run import run
 
-    # SIGTERM (kill, docker stop, a batch scheduler) stops the run as Ctrl-C does: asyncio cancels
-    # it and the launcher's cleanup stops the services it started, instead of leaving them running
-    signal.signal(signal.SIGTERM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
+    interrupt.install()  # SIGTERM stops the run as Ctrl-C does, within a deadline
     try:
         summary = asyncio.run(run(cfg))
     except KeyboardInterrupt:

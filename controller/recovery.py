@@ -92,8 +92,11 @@ class Supervisor:
         task = self._watches.pop(role, None)
         if task is not None:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            # bounded, and our own cancellation still propagates (awaiting the task under
+            # suppress(CancelledError) would swallow it, and wait forever on a stream that never ends)
+            await asyncio.wait({task}, timeout=5.0)
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: a watch that failed as it was stopped is of no interest
 
     async def _watch(self, role: str) -> None:
         stub = health_pb2_grpc.HealthStub(self.roles.service_clients(role)[0].channel)

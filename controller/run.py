@@ -167,12 +167,14 @@ class Run:
             await save_on_cancel(self.roles, self.run_dir, self.cfg.trainer.save_freq, self.completed_state)
             raise RunCancelled(self.cancel.reason) from e
         finally:
-            if self.supervisor is not None:
-                await self.supervisor.close()
-            self.tracking.close()
-            if self.roles is not None:
-                await self.roles.close()
-            launcher.stop()
+            try:
+                if self.supervisor is not None:
+                    await self.supervisor.close()
+                self.tracking.close()
+                if self.roles is not None:
+                    await self.roles.close()
+            finally:  # the services are stopped whatever the closing above raised
+                launcher.stop()
         return self._write_summary()
 
     def open_tracking(self) -> Tracking:

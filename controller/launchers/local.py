@@ -4,7 +4,9 @@ A service is started with controller/launchers/commands.py's command (`python -m
 tandem.services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
 --run-id ID`, H = `services.<role>.host`); it binds a free port and writes it to the port file
 once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
-session, so Ctrl-C reaches only the controller, which then stops them.
+session, so Ctrl-C reaches only the controller, which then stops them; a controller killed
+outright (SIGKILL, out of memory) cannot, so each service also stops itself once its parent is
+gone (TANDEM_PARENT_PID, tandem/rpc/server.py).
 
 `restart(role)` kills what is left of a service (its process group: every rank) and starts
 it again the same way; the launcher keeps each role's current process.
@@ -25,6 +27,7 @@ from collections.abc import Sequence
 from tandem.controller.launchers import LaunchContext, Launcher, log_tail
 from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
 from tandem.logging import get_logger
+from tandem.rpc.server import PARENT_PID_ENV
 
 _log = get_logger("controller.launchers.local")
 
@@ -55,6 +58,7 @@ class LocalLauncher(Launcher):
         cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
                            run_id=self.ctx.run_id)
         env = dict(os.environ, **service_env(), **devices_env(self.ctx.cfg, role))
+        env[PARENT_PID_ENV] = str(os.getpid())  # it stops itself if we die without stopping it
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
             self.processes[role] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                                     start_new_session=True)  # Ctrl-C reaches us only

@@ -16,7 +16,8 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 
 Operability (STYLE 9.2 habit 9): explicit max message sizes, grpc.health.v1
 (NOT_SERVING until servicers and `on_ready` are done, NOT_SERVING again on
-SIGTERM/SIGINT, then a graceful stop), the port written to `port_file`
+SIGTERM/SIGINT, then a graceful stop; the same when the process that started it, named by
+TANDEM_PARENT_PID, is gone), the port written to `port_file`
 atomically once SERVING (removed at stop), per-RPC logs, optional
 Prometheus metrics via `tandem.rpc.interceptors` (`metrics_port`, on 127.0.0.1 only), and gRPC
 server reflection (grpcurl can list and describe every service). TLS and bearer tokens
@@ -53,6 +54,10 @@ from tandem.v1 import (  # noqa: F401  (fill the descriptor pool)
 )
 
 _log = get_logger("tandem.rpc.server")
+
+# set by a launcher whose services belong to it (`tandem run`'s): the service stops when that
+# process is gone, even killed with SIGKILL, instead of running on with nobody to stop it
+PARENT_PID_ENV = "TANDEM_PARENT_PID"
 
 
 class _Unparsed:
@@ -160,6 +165,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
     health_servicer: pass one to change health statuses later (a long-lived service: its role's
     service is SERVING only while it holds a run); names for which `held(name)` is true stay
     NOT_SERVING when the server is ready."""
+    parent = _parent_pid()
     max_bytes = max_message_mb * 1024 * 1024
     metrics = RpcMetrics(role)
     server = grpc.aio.server(
@@ -189,6 +195,8 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread (e.g. tests): rely on cancellation
 
+    orphaned = asyncio.Event()
+    watch = None if parent is None else asyncio.ensure_future(_watch_parent(parent, orphaned, stop))
     httpd = start_metrics_server(metrics_port, metrics.registry) if metrics_port is not None else None
     await server.start()
     try:
@@ -202,8 +210,10 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         _log.info("server.serving", host=host, port=bound, services=names[1:], **security.describe,
                   metrics_port=httpd.server_port if httpd else None)
         await stop.wait()
-        _log.info("server.stopping", reason="signal", grace_s=grace_s)
+        _log.info("server.stopping", reason="parent gone" if orphaned.is_set() else "signal", grace_s=grace_s)
     finally:
+        if watch is not None:
+            watch.cancel()
         await health_servicer.enter_graceful_shutdown()  # NOT_SERVING for every name
         await server.stop(grace_s)
         for sig in installed:
@@ -214,6 +224,27 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
             with contextlib.suppress(FileNotFoundError):
                 os.remove(port_file)  # a stale port file would point clients at nothing
         _log.info("server.stopped")
+
+
+def _parent_pid() -> int | None:
+    """The process whose end stops this server (PARENT_PID_ENV), or None."""
+    value = os.environ.get(PARENT_PID_ENV, "")
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{PARENT_PID_ENV}={value!r} is not a process id") from None
+
+
+async def _watch_parent(parent: int, orphaned: asyncio.Event, stop: asyncio.Event) -> None:
+    """Set `orphaned` and `stop` once this process's parent is no longer `parent` (it died: the
+    process was handed to init or a subreaper)."""
+    while os.getppid() == parent:
+        await asyncio.sleep(1.0)
+    _log.warning("server.parent_gone", parent=parent)
+    orphaned.set()
+    stop.set()
 
 
 def run_server(coro: Awaitable[Any]) -> Any:

@@ -1,0 +1,53 @@
+"""SIGTERM for `tandem run` (kill, docker stop, a batch scheduler): stop as Ctrl-C does, within a deadline.
+
+The signal becomes SIGINT, so asyncio cancels the run and the launcher's cleanup stops the services
+it started. Should the run still be going `deadline_s` later (a cancellation swallowed, a call that
+never returns), the process prints where each thread and task was and exits with 130 anyway: the
+services it started stop themselves once it is gone (TANDEM_PARENT_PID, tandem/rpc/server.py).
+
+Deliberately not here: the cleanup itself (controller/run.py's `execute`, the launchers' `stop`).
+"""
+from __future__ import annotations
+
+import asyncio
+import faulthandler
+import os
+import signal
+import sys
+import threading
+
+DEADLINE_S = 30.0  # a normal stop: the call in flight cancelled, then the services' 10 s grace
+
+
+def install(deadline_s: float = DEADLINE_S) -> None:
+    """Handle SIGTERM as above (main thread, before asyncio.run)."""
+    armed: list[threading.Timer] = []
+
+    def on_sigterm(*_) -> None:
+        if not armed:
+            try:
+                loop = asyncio.get_running_loop()  # the handler runs on the loop's (main) thread
+            except RuntimeError:  # before asyncio.run started
+                loop = None
+            timer = threading.Timer(deadline_s, _force_exit, (deadline_s, loop))
+            timer.daemon = True
+            timer.start()
+            armed.append(timer)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
+def _force_exit(deadline_s: float, loop: asyncio.AbstractEventLoop | None) -> None:
+    print(f"tandem: the run did not stop within {deadline_s:g} s of SIGTERM; where it was:", file=sys.stderr,
+          flush=True)
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    if loop is not None:
+        try:
+            for task in list(asyncio.all_tasks(loop)):
+                task.print_stack(file=sys.stderr)
+        except RuntimeError:  # the loop's task set changed under us: the thread dump is still there
+            pass
+    print("tandem: interrupted; exiting without the cleanup (the services stop themselves once this process "
+          "is gone)", file=sys.stderr, flush=True)
+    os._exit(130)
