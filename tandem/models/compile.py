@@ -10,9 +10,12 @@ micro-batches change their token count every step. Only the layers are compiled:
 embedding, the LM head, the loss and megatron's schedule and DDP hooks stay eager.
 
 So that a later run loads these graphs from torch's on-disk caches instead of compiling them again,
-no torch.autograd.Function may be in them (AOTAutograd's cache refuses those): the compiled layers'
-linears get a plain matmul forward where they have nothing to communicate, and their MLP the unfused
-activation. And every layer gets its input with the same strides (one graph for all, the first too).
+no torch.autograd.Function should be in them (AOTAutograd's cache refuses those by default): the
+compiled layers' linears get a plain matmul forward where they have nothing to communicate, and their
+MLP the unfused activation. The Functions that remain (shared-prompt attention, megatron's
+tensor-parallel mappings) are marked cacheable under a key of their sources' versions
+(`cache_autograd_functions`). And every layer gets its input with the same strides (one graph for
+all, the first too).
 
 A layer called with an inference context (generation on the megatron modules: KV cache,
 CUDA graphs of its own) runs eagerly. If compiling fails, every layer falls back to eager
@@ -82,6 +85,7 @@ def compile_layers(model) -> int:
             plain_activation(layer)
     raise_recompile_limit(16)  # graphs are keyed by code, not layer: grad mode, dtype, layout variants
     specialize_floats()
+    cache_autograd_functions()
     _quiet_megatron_warnings()
     return len(layers)
 
@@ -153,6 +157,29 @@ def raise_recompile_limit(n: int) -> None:
     cfg = torch._dynamo.config
     limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
     setattr(cfg, limit, max(getattr(cfg, limit), n))
+
+
+def cache_autograd_functions() -> None:
+    """Let AOTAutograd's and inductor's on-disk caches keep graphs holding a torch.autograd.Function
+    (torch refuses them unless marked: a Function's Python may change without the graph's key
+    changing), under a key of the versions of the code those Functions come from: torch, megatron-core
+    (its tensor-parallel mappings) and tandem's shared-prompt attention (its source's hash). Without
+    it, each run with `share_prompts` traced its layers' forward and backward again (~3.5 s of a warm
+    0.5B run's first step on an H200)."""
+    import hashlib
+
+    import megatron.core
+    from torch._inductor import config
+
+    from tandem.models import shared_prompt_attention
+
+    with open(shared_prompt_attention.__file__, "rb") as f:
+        source = hashlib.sha256(f.read()).hexdigest()[:16]
+    key = f"torch {torch.__version__}; megatron-core {megatron.core.__version__}; shared_prompt_attention {source}"
+    config.unsafe_marked_cacheable_functions = {**config.unsafe_marked_cacheable_functions, _AUTOGRAD_FUNCTION: key}
+
+
+_AUTOGRAD_FUNCTION = "torch.ops.higher_order.autograd_function_apply"  # dynamo's operator for any Function's apply
 
 
 def specialize_floats() -> None:

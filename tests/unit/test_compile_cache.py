@@ -48,3 +48,47 @@ def test_torch_compile_writes_its_cache_there(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     files = [os.path.join(d, f) for d, _, fs in os.walk(tmp_path / "inductor") for f in fs]
     assert any("fxgraph" in f for f in files), files[:20]
+
+
+FUNCTION_GRAPH = """
+import sys, torch
+from torch._dynamo.utils import counters
+from tandem.serving.compile_cache import use_compile_cache
+
+class Twice(torch.autograd.Function):  # as shared-prompt attention: a Function inside a compiled region
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * 2
+
+use_compile_cache(sys.argv[1])
+if sys.argv[2] == "marked":
+    from tandem.models.compile import cache_autograd_functions
+    cache_autograd_functions()
+x = torch.randn(8, requires_grad=True)
+torch.compile(lambda x: Twice.apply(x.sin()).cos().sum())(x).backward()
+c = counters["aot_autograd"]
+print(c["autograd_cache_hit"], c["autograd_cache_bypass"])
+"""
+
+
+def _function_graph(cache: str, mode: str) -> tuple[int, int]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
+    out = subprocess.run([sys.executable, "-c", FUNCTION_GRAPH, cache, mode], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    hit, bypass = out.stdout.split()[-2:]
+    return int(hit), int(bypass)
+
+
+def test_graphs_with_an_autograd_function_are_loaded_from_the_cache_once_marked(tmp_path):
+    """tandem/models/compile.py's cache_autograd_functions: a second process loads a graph holding a
+    torch.autograd.Function from the on-disk cache instead of tracing it again; unmarked, torch
+    bypasses the cache (the control)."""
+    assert _function_graph(str(tmp_path / "plain"), "plain") == (0, 1)
+    assert _function_graph(str(tmp_path / "plain"), "plain") == (0, 1)
+    assert _function_graph(str(tmp_path / "marked"), "marked") == (0, 0)
+    assert _function_graph(str(tmp_path / "marked"), "marked") == (1, 0)
