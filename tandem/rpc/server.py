@@ -195,8 +195,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         except (NotImplementedError, RuntimeError, ValueError):
             pass  # not the main thread (e.g. tests): rely on cancellation
 
-    orphaned = asyncio.Event()
-    watch = None if parent is None else asyncio.ensure_future(_watch_parent(parent, orphaned, stop))
+    watch = None if parent is None else asyncio.ensure_future(_watch_parent(parent, stop))
     httpd = start_metrics_server(metrics_port, metrics.registry) if metrics_port is not None else None
     await server.start()
     try:
@@ -210,7 +209,7 @@ async def serve(servicers: list[tuple[str, Any]], *, role: str, host: str = "127
         _log.info("server.serving", host=host, port=bound, services=names[1:], **security.describe,
                   metrics_port=httpd.server_port if httpd else None)
         await stop.wait()
-        _log.info("server.stopping", reason="parent gone" if orphaned.is_set() else "signal", grace_s=grace_s)
+        _log.info("server.stopping", reason="parent gone" if watch is not None and watch.done() else "signal", grace_s=grace_s)
     finally:
         if watch is not None:
             watch.cancel()
@@ -237,13 +236,12 @@ def _parent_pid() -> int | None:
         raise ValueError(f"{PARENT_PID_ENV}={value!r} is not a process id") from None
 
 
-async def _watch_parent(parent: int, orphaned: asyncio.Event, stop: asyncio.Event) -> None:
-    """Set `orphaned` and `stop` once this process's parent is no longer `parent` (it died: the
-    process was handed to init or a subreaper)."""
+async def _watch_parent(parent: int, stop: asyncio.Event) -> None:
+    """Set `stop` once this process's parent is no longer `parent` (it died: the process was handed
+    to init or a subreaper), then return (a done watch: the reason for the stop)."""
     while os.getppid() == parent:
         await asyncio.sleep(1.0)
     _log.warning("server.parent_gone", parent=parent)
-    orphaned.set()
     stop.set()
 
 
