@@ -88,5 +88,13 @@ def main(argv=None) -> int:
     return 0
 
 
+def cli() -> None:
+    """The `tandem` console script: main(), then the process ends without the interpreter's teardown
+    (tandem/process_exit.py)."""
+    from tandem.process_exit import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    cli()

@@ -20,7 +20,7 @@ DEADLINE_S = 30.0  # a normal stop: the call in flight cancelled, then the servi
 
 
 def install(deadline_s: float = DEADLINE_S) -> None:
-    """Handle SIGTERM as above (main thread, before asyncio.run)."""
+    """Handle SIGTERM as above, and SIGUSR1 as a stack dump (main thread, before asyncio.run)."""
     armed: list[threading.Timer] = []
 
     def on_sigterm(*_) -> None:
@@ -36,6 +36,9 @@ def install(deadline_s: float = DEADLINE_S) -> None:
         os.kill(os.getpid(), signal.SIGINT)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    # `kill -USR1 PID`: every thread's Python stack on stderr, printed by the C handler (a main thread
+    # stuck in C code is seen too), and the run goes on
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
 
 
 def _force_exit(deadline_s: float, loop: asyncio.AbstractEventLoop | None) -> None:

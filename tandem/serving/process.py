@@ -28,15 +28,20 @@ rank 0 also watches the ranks it started: lifecycle.py) and its launcher restart
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
+import signal
 import socket
+import sys
 from dataclasses import dataclass, field
+from typing import NoReturn
 
 import torch
 
 from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import configure_logging, get_logger
 from tandem.parallel.layout import ParallelConfig
+from tandem.process_exit import exit_process
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.serving.lifecycle import RENDEZVOUS_TIMEOUT
 from tandem.serving.role import Role
@@ -143,6 +148,8 @@ def _rendezvous(role: str, args: ServiceArgs, world_size: int, log):
 
 def _log_process(role: Role, rank: int, world_size: int, run_id: str | None = None):
     configure_logging(role=role.name, rank=rank, run_id=run_id)
+    # `kill -USR1 PID`: every thread's Python stack into the log (a hung call: where it waits)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     log = get_logger(f"services.{role.name}")
     # one line per rank process: how tests and operators count a service's processes (and, under
     # the Ray launcher, on which node each runs)
@@ -151,13 +158,14 @@ def _log_process(role: Role, rank: int, world_size: int, run_id: str | None = No
     return log
 
 
-def run_service(role: Role, argv=None) -> None:
-    """A service process of `role` (see the module docstring) until SIGTERM."""
+def run_service(role: Role, argv=None) -> NoReturn:
+    """A service process of `role` (see the module docstring) until SIGTERM; then the process ends
+    (tandem/process_exit.py: without the interpreter's seconds-long teardown)."""
     args = parse_args(role.name, argv)
     role.host = args.host
     if args.rank:
         _follow(role, args)
-        return
+        exit_process(0)
     from tandem.rpc.server import run_server
     from tandem.serving.lifecycle import RunHost
     from tandem.serving.worker_thread import WorkerThread
@@ -177,12 +185,15 @@ def run_service(role: Role, argv=None) -> None:
             thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
         run_server(_serve(role, args, host, thread))
     finally:
-        try:
+        try:  # after the running call, on every rank
             thread.call(host.rank_host.close_observer)  # an open trace is written (other ranks: _follow)
+            # on the thread that started the ranks: their parent-death signal (SIGKILL) fires when that
+            # thread ends, which would kill them before their own exit (an async-checkpoint writer left)
+            thread.call(host.stop_group)
         except RuntimeError:  # the thread is already shut down
-            pass
-        thread.shutdown(wait=True)  # the running call finishes on every rank first
-        host.stop_group()
+            host.stop_group()
+        thread.shutdown(wait=True)
+    exit_process(0)
 
 
 async def _serve(role: Role, args: ServiceArgs, host, thread) -> None:

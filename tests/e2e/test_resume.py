@@ -1,45 +1,33 @@
-"""Exact resume: a run stopped after step 1 and resumed with `trainer.resume_mode=auto` logs
-the same metrics for steps 2..4 as an uninterrupted run (PPO with a critic, a standalone
-rollout and the adaptive KL controller, so every piece of state is exercised)."""
+"""Exact resume: a run stopped after step 1 and resumed with `trainer.resume_mode=auto` logs the same
+metrics for steps 2..8 as an uninterrupted run (tests/e2e/conftest.py: PPO with a critic, a standalone
+rollout, the adaptive KL controller and a two-rank actor, so every piece of state is exercised)."""
 import json
-import os
 
+from conftest import PPO_STATEFUL, STEPS
+from kill_runs import step_metrics
 from test_tandem_run import TINY, run_tandem
 
-PPO = ["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone",
-       "algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive", "trainer.logger=[jsonl]"]
-TIMING = ("timing_s/", "perf/")  # wall-clock figures differ between any two runs
 
-
-def step_metrics(run_dir) -> dict[int, dict]:
-    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return {m["step"]: {k: v for k, v in m.items() if not k.startswith(TIMING)}
-            for m in lines if "actor/pg_loss" in m}
-
-
-def tandem(tmp_path, name, *extra):
-    rc, out, err, _ = run_tandem([*TINY, *PPO, f"trainer.default_local_dir={tmp_path}",
-                                  f"trainer.experiment_name={name}", *extra])
+def tandem(tmp_path, *extra):
+    rc, out, err, _ = run_tandem([*PPO_STATEFUL, f"trainer.default_local_dir={tmp_path}",
+                                  "trainer.experiment_name=parts", *extra], timeout_s=400)
     assert rc == 0, f"exit {rc}\nstdout:\n{out[-2000:]}\nstderr:\n{err[-3000:]}"
     return out
 
 
-def test_stopped_and_resumed_run_equals_uninterrupted(tmp_path):
-    tandem(tmp_path, "whole", "trainer.total_training_steps=4")
-    tandem(tmp_path, "parts", "trainer.total_training_steps=1")  # stops after step 1 (checkpoint)
-    out = tandem(tmp_path, "parts", "trainer.total_training_steps=4", "trainer.resume_mode=auto")
-    (whole,) = [p for p in tmp_path.iterdir() if p.name.startswith("whole")]
-    (parts,) = [p for p in tmp_path.iterdir() if p.name.startswith("parts")]
+def test_stopped_and_resumed_run_equals_uninterrupted(ppo_reference, tmp_path):
+    tandem(tmp_path, "trainer.total_training_steps=1")  # stops after step 1 (checkpoint)
+    out = tandem(tmp_path, "trainer.resume_mode=auto")
+    (parts,) = tmp_path.iterdir()
     assert f"resuming {parts}" in out and "global_step_1" in out
-    ref, got = step_metrics(whole), step_metrics(parts)
-    assert sorted(ref) == [1, 2, 3, 4] and sorted(got) == [1, 2, 3, 4]
-    for step in (2, 3, 4):
-        assert got[step] == ref[step], f"step {step} differs"
-    assert ref[2] != ref[3]  # the steps really differ from each other
+    got = step_metrics(parts)
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(2, STEPS + 1):
+        assert got[step] == ppo_reference[step], f"step {step} differs"
     summary = json.loads((parts / "summary.json").read_text())
     assert summary["resumed_from"].endswith("global_step_1")
     assert summary["val_accuracy_after_sft"] is not None
-    assert (parts / "checkpoints" / "global_step_4" / "controller_state.json").is_file()
+    assert (parts / "checkpoints" / f"global_step_{STEPS}" / "controller_state.json").is_file()
 
 
 def test_resume_path_must_be_a_checkpoint(tmp_path):

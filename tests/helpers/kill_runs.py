@@ -46,14 +46,16 @@ def logged_steps(run_dir) -> list[int]:
     return [json.loads(x)["step"] for x in open(path) if x.strip() and "actor/pg_loss" in x]
 
 
-def run_and_kill(overrides: list[str], role: str, rank: int, after_step: int,
-                 timeout_s: float = 400) -> tuple[int, str, str, str, int]:
-    """Start `tandem run`, SIGKILL rank `rank` of `role`'s service as soon as step `after_step`
-    is logged, wait for the run to end -> (exit code, stdout, stderr, run dir, killed pid)."""
+def run_and_kill(overrides: list[str], kills: list[tuple[str, int, int]],
+                 timeout_s: float = 400) -> tuple[int, str, str, str, list[int]]:
+    """Start `tandem run` and, for each (role, rank, after_step) of `kills` in turn, SIGKILL rank
+    `rank` of `role`'s service as soon as a step >= after_step is logged (so the kills of one run come
+    after each other's recovery when their steps increase); wait for the run to end -> (exit code,
+    stdout, stderr, run dir, the killed pids)."""
     proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *overrides],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout_s
-    run_dir, killed, out = None, 0, ""
+    run_dir, killed, out = None, [], ""
     try:
         while run_dir is None:  # the first stdout line names the run directory
             line = proc.stdout.readline()
@@ -61,12 +63,12 @@ def run_and_kill(overrides: list[str], role: str, rank: int, after_step: int,
             found = re.search(r"tandem: run directory (\S+)", line)
             run_dir = found.group(1) if found else None
             assert line or proc.poll() is None, f"run ended before it began:\n{out}\n{proc.stderr.read()[-3000:]}"
-        while not killed:
-            assert time.monotonic() < deadline and proc.poll() is None, "run ended before the kill"
-            if any(s >= after_step for s in logged_steps(run_dir)):
-                killed = rank_pids(run_dir, role)[rank]
-                os.kill(killed, signal.SIGKILL)
-            time.sleep(0.02)
+        for role, rank, after_step in kills:
+            while not any(s >= after_step for s in logged_steps(run_dir)):
+                assert time.monotonic() < deadline and proc.poll() is None, f"run ended before killing {role}"
+                time.sleep(0.02)
+            killed.append(rank_pids(run_dir, role)[rank])
+            os.kill(killed[-1], signal.SIGKILL)
         rest, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:

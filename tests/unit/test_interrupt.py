@@ -54,3 +54,17 @@ def test_a_run_that_swallows_its_cancellation_still_exits_after_the_deadline():
     assert "did not stop within 2 s of SIGTERM" in done.stderr
     assert "in run" in done.stderr  # the task's stack: where the run was
     assert "exiting without the cleanup" in done.stderr
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_run_goes_on():
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "cancel"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)
+    assert proc.poll() is None  # still running
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert "Current thread" in err and 'File "<string>"' in err, err  # the dump, main thread included
+    assert proc.returncode == 130 and "cancelled" in out
