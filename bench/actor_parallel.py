@@ -139,7 +139,7 @@ def rank_main(rank: int, name: str, rdzv: str, out: str, tok: str, steps: int, l
             old = actor.compute_log_prob(seq)
             res["before"] = old["old_log_probs"]
             res["mask"] = fixed["response_mask"].bool()
-            res["metrics"] = actor.update_actor(fixed.union(old))
+            res["metrics"] = actor.update_actor(fixed.union(old)).metrics
             res["after"] = actor.compute_log_prob(seq)["old_log_probs"]
             actor.save(os.path.join(out, "ckpt"))
             big = make_batch(len(tokenizer), tokenizer.pad_token_id, ROWS * dp, seed=1)

@@ -26,7 +26,7 @@ FLOPs). The table also gives the step's share of the bytes-only generation bound
 the baseline and every variant in alternation, --repeats times, and prints each variant's step and phase times over the
 baseline's: a before / after in one call. A failed run is reported and the others go on.
 Results are printed as they come and appended to --out/results.md (and results.jsonl); then each
-run's steady steps one by one, and for a run with actor.share_prompts the roofline of the work it does
+run's steady steps one by one, and the roofline of the work the prompt-sharing actor does
 (each prompt once per group) beside the table's (every row's prompt). The printing: e2e_report.py.
 """
 from __future__ import annotations
@@ -215,16 +215,13 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
     med = lambda k: statistics.median(m.get(k, 0.0) for m in steady)  # noqa: E731
     rows = a.prompts * a.n
     work = [roof.step_work(s, m, rows, 1, 4 if a.tiny else 2) for m in steady]
-    keys = [*a.overrides, *res["extra"]]
-    # actor.share_prompts: the passes compute each prompt once per group (the roofline of that work, too)
-    shared = a.n if "actor_rollout_ref.actor.share_prompts=true" in keys else 1
-    # log-prob passes the step ran: old log-probs (skipped on policy: one mini-batch) and reference (KL)
-    passes = int(med("timing_s/old_log_prob") > 0) + int(med("timing_s/ref") > 0)
-    # trainer.old_log_probs_from_update (on): the old pass skips the first mini-batch's rows (the update's own)
-    from_update = "trainer.old_log_probs_from_update=false" not in keys
-    own = a.mini_batch * a.n if from_update and 0 < a.mini_batch < a.prompts else 0
+    shared = a.n  # the dense actor computes each prompt once per group (the roofline of that work, too)
+    # the old pass skips the rows the update computes itself: the first mini-batch (one: every row)
+    own = a.mini_batch * a.n if 0 < a.mini_batch < a.prompts else rows
     old_share = (rows - own) / rows
-    done = old_share * int(med("timing_s/old_log_prob") > 0) + int(med("timing_s/ref") > 0)
+    # log-prob passes the step ran: old log-probs (rows left after the update's own) and reference (KL)
+    passes = int(own < rows) + int(med("timing_s/ref") > 0)
+    done = old_share + int(med("timing_s/ref") > 0)
     lines = [roof.roofline(w, r, passes) for w in work]
     step_s = med("timing_s/step")
     mfu_train = statistics.median(w.train_flops / max(m["timing_s/update_actor"], 1e-9) for w, m in zip(work, steady))

@@ -144,10 +144,10 @@ def run_variant(args, variant: str) -> dict:
                                                                  temperature=1.0, seed=step))
         seq = gen.select(tensor_keys=["input_ids", "attention_mask", "responses", "response_mask"])
         seq.meta = {"temperature": 1.0, "rollout_n": args.n}
-        batch = seq if on_policy else seq.union(front.compute_log_prob(seq))
-        batch = batch.union(front.compute_ref_log_prob(seq))
+        # as the step: a pass before the update leaves it the rows it computes itself (on policy: all)
+        batch = seq.union(front.log_probs(seq, with_reference=True, before_update=True)[0])
         batch.tensors["advantages"] = grpo_advantages(len(seq), args.n, seq["response_mask"], step)
-        metrics = front.update_actor_on_policy(batch)[0] if on_policy else front.update_actor(batch)
+        metrics = front.update_actor(batch).metrics
         device.synchronize()
         steps.append({"step_s": time.perf_counter() - t, "held_at_generation_gb": held_at_generation / GIB,
                       "state_on_device_gb": state_on_device / GIB, "offloaded_at_generation_gb": offloaded / GIB,

@@ -117,18 +117,10 @@ def one_step(actor, seq, adv) -> None:
     def wire(batch):  # controller encode + serialize, service parse + decode
         return codec.decode_batch(data_pb2.Batch.FromString(codec.encode_batch(batch).SerializeToString()))
 
-    if hasattr(actor, "update_actor_on_policy"):
-        batch = wire(seq.union(adv))
-        schemas.check_sequences(batch, actor.vocab_size, ("advantages",))
-        metrics, old = actor.update_actor_on_policy(batch)
-        wire(old)
-    else:
-        batch = wire(seq)
-        schemas.check_sequences(batch, actor.vocab_size)
-        old = wire(actor.compute_log_prob(batch))
-        batch = wire(seq.union(old).union(adv))
-        schemas.check_sequences(batch, actor.vocab_size, ("old_log_probs", "advantages"))
-        metrics = actor.update_actor(batch)
+    batch = wire(seq.union(adv))  # one mini-batch: the update computes every old log-prob itself
+    schemas.check_sequences(batch, actor.vocab_size, ("advantages",))
+    metrics, old, _ = actor.update_actor(batch)
+    wire(old)
     assert metrics["actor/ppo_kl"] == 0.0
 
 
@@ -179,7 +171,7 @@ def main() -> None:
     for seq, adv in rows[2:]:
         one_step(actor, seq, adv)
     prof.disable()
-    flow = "UpdateActor(on_policy)" if hasattr(actor, "update_actor_on_policy") else "ComputeLogProb + UpdateActor"
+    flow = "UpdateActor (its own old log-probs)"
     tokens = sum(int(seq["attention_mask"].sum()) for seq, _ in rows[2:]) / a.calls
     import tandem.services.actor.front as front
 

@@ -113,13 +113,15 @@ class GrpcMode:
             self._record(self.roles.actor)
 
     def _record(self, actor) -> None:
-        for name in ("update_actor", "update_actor_on_policy"):
-            call = getattr(actor, name, None)
-            if call is not None:
-                async def recorded(batch, _call=call):
-                    self.update_batches[self.current] = batch
-                    return await _call(batch)
-                setattr(actor, name, recorded)
+        call = actor.update_actor
+
+        async def recorded(rows, batch):
+            if not isinstance(rows, DataProto):
+                raise SystemExit("step_overhead --pure: the update's rows stay on the colocated actor (kept rows), "
+                                 "so there is no update batch to replay here")
+            self.update_batches[self.current] = DataProto(tensors={**rows.tensors, **batch.tensors}, meta=rows.meta)
+            return await call(rows, batch)
+        actor.update_actor = recorded
 
     async def step(self, i: int) -> tuple[float, dict]:
         self.current = i
@@ -144,20 +146,14 @@ class InprocActor:
     def __init__(self, worker, run):
         self.w, self.run = worker, run
 
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False,
-                               policy_from_row=0) -> DataProto:
-        return await self.run(self.w.compute_log_prob, batch, calculate_entropy, with_reference, policy_from_row)
+    async def compute_log_prob(self, rows: DataProto, calculate_entropy=False, with_reference=False,
+                               before_update=False) -> tuple[DataProto, int]:
+        return await self.run(self.w.log_probs, rows, calculate_entropy, with_reference, before_update)
 
-    async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        return await self.run(self.w.compute_ref_log_prob, batch)
-
-    async def update_actor(self, batch: DataProto) -> tuple[dict, int]:
-        metrics = await self.run(self.w.update_actor, batch)
-        return metrics, self.w.weights_version
-
-    async def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict, int, DataProto]:
-        metrics, old = await self.run(self.w.update_actor_on_policy, batch, rows)
-        return metrics, self.w.weights_version, old
+    async def update_actor(self, rows: DataProto, batch: DataProto) -> tuple[dict, int, DataProto | None, int]:
+        update = await self.run(self.w.update_actor, DataProto(tensors={**rows.tensors, **batch.tensors},
+                                                                meta=rows.meta))
+        return update.metrics, self.w.weights_version, update.old_log_probs, update.update_rows
 
 
 class InprocRollout:
@@ -166,7 +162,7 @@ class InprocRollout:
 
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
-                                 seed: int | None = None, greedy: bool = False) -> DataProto:
+                                 seed: int | None = None, greedy: bool = False, keep=None) -> DataProto:
         params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                 top_k=max(0, top_k), n=n, seed=seed, greedy=greedy)
         params.validate(self.w.vocab_size)

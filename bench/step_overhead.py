@@ -107,8 +107,7 @@ def codec_trip_s(batch: DataProto, repeats: int = 5) -> tuple[float, int]:
 
 # keys older trees may not have, with the value that is their behaviour: the unpadded task older
 # trees write; every row with its own prompt
-OLD_BEHAVIOUR = {"data.builtin_fixed_width": "false", "actor_rollout_ref.actor.share_prompts": None,
-                 "services.actor.generation_torch_threads": None}
+OLD_BEHAVIOUR = {"data.builtin_fixed_width": "false"}
 
 
 def known_to(tree: str, overrides: list[str]) -> list[str]:

@@ -55,9 +55,10 @@ class RunPhases:
         return collate([self.run.train[i] for i in indices], self.run.tokenizer.pad_token_id)
 
     async def generate(self, drawn: Drawn) -> tuple[DataProto, dict[str, float]]:
-        metrics: dict[str, float] = {}  # timing_s/gen and timing_s/reward
-        gen, sampling_metrics = await rollout_and_score(self.ctx, lambda k: self.draw(drawn, k), drawn.seq, metrics)
-        return gen, {**metrics, **sampling_metrics}
+        metrics: dict[str, float] = {}  # timing_s/gen and timing_s/reward (+ DAPO's counts)
+        gen, _ = await rollout_and_score(self.ctx, lambda k: self.draw(drawn, k), drawn.seq, metrics,
+                                         start_phase2=False)  # log-probs on the weights that train it
+        return gen, metrics
 
     async def sync(self) -> tuple[int, dict[str, float]]:
         metrics = await self.run.roles.sync_rollout()

@@ -7,9 +7,12 @@ error mapping (tandem/rpc/client.py).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tandem.data import codec
 from tandem.data.batch import DataProto
 from tandem.rpc.client import ServiceClient
+from tandem.rpc.protocol import PROTOCOL
 from tandem.v1 import (
     actor_pb2,
     actor_pb2_grpc,
@@ -26,55 +29,46 @@ from tandem.v1 import (
 )
 
 
+@dataclass(frozen=True)
+class KeptRows:
+    """Rows the actor's colocated rollout kept (a generation's `kept_rows` meta), the ones named by
+    number (None: all)."""
+
+    key: str
+    rows: list[int] | None = None
+
+
+Rows = DataProto | KeptRows  # what the actor's calls work on: rows sent, or rows it holds
+
+
+def _rows(rows: Rows) -> actor_pb2.Rows:
+    if isinstance(rows, KeptRows):
+        return actor_pb2.Rows(kept=actor_pb2.KeptRows(key=rows.key, rows=rows.rows or []))
+    return actor_pb2.Rows(batch=codec.encode_batch(rows))
+
+
 class ActorClient(ServiceClient):
     def __init__(self, endpoint: str, **kw):
         super().__init__(endpoint, actor_pb2_grpc.ActorServiceStub, **kw)
 
-    async def compute_log_prob(self, batch: DataProto, calculate_entropy=False, with_reference=False,
-                               policy_from_row: int = 0) -> DataProto:
-        """old_log_probs (+ entropys) [rows, response_len]; with_reference: also ref_log_prob, the two
-        passes in this one call (one request carrying the rows); policy_from_row: the rows before it
-        are left to the update (0 here)."""
+    async def compute_log_prob(self, rows: Rows, calculate_entropy=False, with_reference=False,
+                               before_update=False) -> tuple[DataProto, int]:
+        """-> (old_log_probs (+ entropys; with_reference: + ref_log_prob, the reference's pass in this
+        call) [rows, response_len], update_rows: with before_update, the leading rows left to the
+        update that follows (0 in old_log_probs))."""
         r = await self.call("ComputeLogProb", actor_pb2.ComputeLogProbRequest(
-            batch=codec.encode_batch(batch), calculate_entropy=calculate_entropy, with_reference=with_reference,
-            policy_from_row=policy_from_row))
-        return codec.decode_batch(r.batch)
+            rows=_rows(rows), calculate_entropy=calculate_entropy, with_reference=with_reference,
+            before_update=before_update))
+        return codec.decode_batch(r.batch), r.update_rows
 
-    async def kept_log_prob(self, kept_rows: str, calculate_entropy=False, with_reference=False,
-                            policy_from_row: int = 0) -> DataProto:
-        """compute_log_prob on the rows this actor's colocated rollout kept (a generation's
-        `kept_rows` meta): the pass it queued behind that generation. FailedPrecondition: it no
-        longer holds them (send the batch)."""
-        r = await self.call("ComputeLogProb", actor_pb2.ComputeLogProbRequest(
-            kept_rows=kept_rows, calculate_entropy=calculate_entropy, with_reference=with_reference,
-            policy_from_row=policy_from_row))
-        return codec.decode_batch(r.batch)
-
-    async def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        r = await self.call("ComputeRefLogProb", actor_pb2.ComputeRefLogProbRequest(batch=codec.encode_batch(batch)))
-        return codec.decode_batch(r.batch)
-
-    async def update_actor(self, batch: DataProto) -> tuple[dict, int]:
-        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch)))
-        return dict(r.metrics), r.weights_version
-
-    async def update_actor_kept(self, kept_rows: str, batch: DataProto, on_policy: bool = False,
-                                rows: int = 0) -> tuple[dict, int, DataProto | None]:
-        """UpdateActor on the rows this actor's colocated rollout kept (`batch`: kept_row, advantages,
-        + rollout_log_probs), queued behind their log-prob pass; on_policy / rows as
-        update_actor_on_policy -> (metrics, weights version, the old_log_probs used when on_policy).
-        FailedPrecondition: the actor does not hold them or its weights changed since (send the batch)."""
-        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(
-            batch=codec.encode_batch(batch), on_policy=on_policy, on_policy_rows=rows, kept_rows=kept_rows))
-        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch) if on_policy else None
-
-    async def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict, int, DataProto]:
-        """UpdateActor without old_log_probs (one mini-batch, one epoch: they are the current
-        policy's), or (rows > 0) with the first `rows` rows' left to the update (the first
-        mini-batch) -> (metrics, weights version, the old_log_probs the update used)."""
-        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(batch=codec.encode_batch(batch), on_policy=True,
-                                                                        on_policy_rows=rows))
-        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch)
+    async def update_actor(self, rows: Rows, batch: DataProto) -> tuple[dict, int, DataProto | None, int]:
+        """One PPO update on `rows` with `batch`'s per-row advantages (+ old_log_probs, ref_log_prob,
+        rollout_log_probs; with kept rows the actor has the log-probs) -> (metrics, weights version,
+        old_log_probs as the update used them (None over several epochs), update_rows)."""
+        r = await self.call("UpdateActor", actor_pb2.UpdateActorRequest(rows=_rows(rows),
+                                                                        batch=codec.encode_batch(batch)))
+        return dict(r.metrics), r.weights_version, codec.decode_batch(r.batch) if r.HasField("batch") else None, \
+            r.update_rows
 
     async def train_sft(self, batch: DataProto) -> dict:
         r = await self.call("TrainSft", actor_pb2.TrainSftRequest(batch=codec.encode_batch(batch)))
@@ -102,17 +96,17 @@ class RolloutClient(ServiceClient):
     async def generate_sequences(self, batch: DataProto, *, max_new_tokens: int, n: int = 1,
                                  temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1,
                                  seed: int | None = None, greedy: bool = False, row_offset: int = 0,
-                                 log_probs_after: dict | None = None) -> DataProto:
-        """The generated rows; with log_probs_after (LogProbsAfter's fields: calculate_entropy,
-        with_reference, policy_from_row) a colocated rollout's actor queues that log-prob pass behind
-        the generation and the rows' meta `kept_rows` is its key (ActorClient.kept_log_prob)."""
+                                 keep: dict | None = None) -> DataProto:
+        """The generated rows; with keep (KeepRows' fields: calculate_entropy, with_reference,
+        before_update) a colocated rollout's actor keeps them, queues that log-prob pass behind the
+        generation, and the rows' meta `kept_rows` is their key (KeptRows)."""
         params = rollout_pb2.SamplingParams(max_new_tokens=max_new_tokens, n=n, temperature=temperature,
                                             top_p=top_p, top_k=max(top_k, 0), greedy=greedy, row_offset=row_offset)
         if seed is not None:
             params.seed = seed
         r = await self.call("GenerateSequences", rollout_pb2.GenerateSequencesRequest(
             batch=codec.encode_batch(batch), sampling=params,
-            log_probs_after=rollout_pb2.LogProbsAfter(**log_probs_after) if log_probs_after is not None else None))
+            keep=rollout_pb2.KeepRows(**keep) if keep is not None else None))
         out = codec.decode_batch(r.batch)
         if r.kept_rows:
             out.meta["kept_rows"] = r.kept_rows
@@ -173,7 +167,8 @@ class LifecycleClient(ServiceClient):
 
     async def configure(self, run_id: str, config_yaml: str) -> tuple[list[int], bool]:
         """-> (the service's rank pids, whether its ranks were restarted for the run's layout)."""
-        r = await self.call("Configure", lifecycle_pb2.ConfigureRequest(run_id=run_id, config_yaml=config_yaml))
+        r = await self.call("Configure", lifecycle_pb2.ConfigureRequest(run_id=run_id, config_yaml=config_yaml,
+                                                                        protocol=PROTOCOL))
         return list(r.pids), r.ranks_restarted
 
     async def release(self, run_id: str = "") -> str:
@@ -184,11 +179,12 @@ class LifecycleClient(ServiceClient):
 
     async def describe(self) -> dict:
         """{role, run_id ("" when free), world_size, pids, tensor_parallel, pipeline_parallel,
-        expert_parallel, tensor_bytes, interrupted}."""
+        expert_parallel, tensor_bytes, interrupted, protocol}."""
         r = await self.call("Describe", lifecycle_pb2.DescribeRequest())
         return {"role": r.role, "run_id": r.run_id, "world_size": r.world_size, "pids": list(r.pids),
                 "tensor_parallel": r.tensor_parallel, "pipeline_parallel": r.pipeline_parallel,
-                "expert_parallel": r.expert_parallel, "tensor_bytes": r.tensor_bytes, "interrupted": r.interrupted}
+                "expert_parallel": r.expert_parallel, "tensor_bytes": r.tensor_bytes, "interrupted": r.interrupted,
+                "protocol": r.protocol}
 
 
 def release_now(endpoint: str, run_id: str, timeout_s: float) -> str:

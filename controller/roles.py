@@ -15,10 +15,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tandem.config import TandemConfig
-from tandem.controller.clients import ActorClient, CriticClient, RewardClient, RolloutClient
+from tandem.controller.clients import ActorClient, CriticClient, LifecycleClient, RewardClient, RolloutClient
 from tandem.controller.launchers.commands import replica_index, service_of
 from tandem.controller.rollout_replicas import RolloutReplicas, replica_roles
 from tandem.controller.weight_sync import sync_weights
+from tandem.rpc.protocol import check_protocol
 from tandem.rpc.security import EndpointSecurity
 
 ROLE_CLIENTS = {"actor": ActorClient, "reward": RewardClient, "rollout": RolloutClient, "critic": CriticClient}
@@ -112,6 +113,8 @@ async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str, 
             clients[role] = ROLE_CLIENTS[service_of(role)](endpoint, timeout_s=timeout_s,
                                                            metadata={"x-run-id": run_id}, security=security(cfg, role))
             await clients[role].wait_healthy(timeout_s=s.startup_timeout_s)
+            if service_of(role) != "reward":  # (an external reward service speaks RewardService alone)
+                await check_service_protocol(endpoint, role, security(cfg, role))
     except BaseException:
         for c in clients.values():
             await c.close()
@@ -123,3 +126,14 @@ async def connect(cfg: TandemConfig, endpoints: Mapping[str, str], run_id: str, 
         rollout = RolloutClient(endpoints["actor"], timeout_s=s.rpc_timeout_s, security=security(cfg, "actor"))
     return Roles(actor=clients["actor"], rollout=rollout, reward=clients["reward"],
                  critic=clients.get("critic"), standalone_rollout=standalone)
+
+
+async def check_service_protocol(endpoint: str, role: str, sec: EndpointSecurity) -> None:
+    """FailedPrecondition naming both versions when `role`'s service at `endpoint` speaks another
+    Tandem protocol than this controller (tandem/rpc/protocol.py)."""
+    lifecycle = LifecycleClient(endpoint, timeout_s=30, security=sec)
+    try:
+        theirs = (await lifecycle.describe())["protocol"]
+    finally:
+        await lifecycle.close()
+    check_protocol(theirs, "controller", f"the {role} service at {endpoint}")

@@ -49,7 +49,7 @@ async def score(reward, gen: DataProto, tokenizer, cfg: TandemConfig) -> RowScor
 
     The responses are decoded in a worker thread (512 rows of 512 tokens: 0.1-0.2 s of CPU): on the
     event loop that work held back the step's other calls, the log-prob call started beside scoring
-    first (trainer.log_probs_with_scoring), while the GPU waited for it."""
+    first, while the GPU waited for it."""
     request = await asyncio.to_thread(reward_request, gen, thread_decoder(tokenizer), cfg)
     return await score_rows(reward, request, cfg)
 

@@ -38,7 +38,7 @@ class ActorRole(Role):
         if rollout.mode == "colocated":
             targets["rollout"] = hybrid.colocated_rollout_worker(
                 worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
-                rollout.tensor_model_parallel_size, rollout.shared_prefix_attention)
+                rollout.tensor_model_parallel_size)
         return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release])  # Release drops its offload state
 
     def servicers(self, cfg, built, group, thread):

@@ -6,6 +6,8 @@ the weight plane's check that a transfer was not torn by an update, tandem/weigh
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from tandem.data.batch import DataProto
@@ -14,7 +16,15 @@ from tandem.services.actor.worker import ActorWorker
 from tandem.serving.front import FrontDoor
 from tandem.serving.rank_group import RankGroup
 from tandem.train.losses import ON_POLICY_ROW, loss_units
-from tandem.train.microbatch import Split, actor_split, ref_split
+from tandem.train.microbatch import actor_split, ref_split
+
+
+class Update(NamedTuple):
+    """What one PPO update gives back."""
+
+    metrics: dict[str, float]  # mini-batch means, e.g. actor/pg_loss, actor/ppo_kl, actor/grad_norm
+    old_log_probs: DataProto | None  # 'old_log_probs' [B, R] as it used them (None over several epochs)
+    update_rows: int  # the leading rows whose old log-probs were its own forward's
 
 
 class ActorFront:
@@ -35,23 +45,41 @@ class ActorFront:
         local = ActorWorker(cfg, tokenizer_len)
         return cls(RankGroup({"actor": local}), local)
 
-    def _rows_per_mini(self, batch: DataProto) -> int:
-        n = int(batch.meta.get("rollout_n", self.cfg.actor_rollout_ref.rollout.n))
+    def _rows_per_mini(self, rows: DataProto) -> int:
+        n = int(rows.meta.get("rollout_n", self.cfg.actor_rollout_ref.rollout.n))
         return self.actor_cfg.ppo_mini_batch_size * n
 
-    def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False,
-                         with_reference: bool = False, policy_from_row: int = 0) -> DataProto:
-        """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys'; with_reference:
-        + 'ref_log_prob', compute_ref_log_prob's pass right after, in this call). policy_from_row:
-        the policy's pass starts there (whole mini-batches); the rows before it are the update's own
-        (update_actor_on_policy's `rows`) and come back as 0.
+    def update_rows(self, rows: DataProto) -> int:
+        """How many leading rows of `rows` an update trains on the weights it starts from, so that
+        their old log-probs (verl's: the policy's as the update starts) are its own forward's
+        (detached: the numbers a log-prob pass would give; ppo_kl is 0 on them): every row of a
+        single mini-batch, else the first mini-batch when it is trained first (unshuffled); none
+        over several epochs."""
+        a, per_mini = self.actor_cfg, self._rows_per_mini(rows)
+        if a.ppo_epochs != 1:
+            return 0
+        if len(rows) <= per_mini:
+            return len(rows)
+        return 0 if a.shuffle else per_mini
 
-        Same mini-batch / DP / micro-batch layout as the update, so the first on-policy
-        mini-batch recomputes bit-identical log-probs (ppo_kl == 0 exactly)."""
+    def log_probs(self, batch: DataProto, calculate_entropy: bool = False, with_reference: bool = False,
+                  before_update: bool = False) -> tuple[DataProto, int]:
+        """ComputeLogProb: compute_log_prob, leaving out the rows the update that follows computes
+        itself when `before_update` -> (its output, how many leading rows it left out)."""
+        skip = self.update_rows(batch) if before_update else 0
+        return self.compute_log_prob(batch, calculate_entropy, with_reference, skip), skip
+
+    def compute_log_prob(self, batch: DataProto, calculate_entropy: bool = False,
+                         with_reference: bool = False, skip: int = 0) -> DataProto:
+        """Old log-probs of the current policy: 'old_log_probs' [B, R] (+ 'entropys'; with_reference:
+        + 'ref_log_prob', the reference's pass right after, in this call); the first `skip` rows' are
+        0 (the update computes them: update_rows).
+
+        Same mini-batch / DP / micro-batch layout as the update, so a pass on the first mini-batch
+        gives the update's own forward's numbers."""
         per_mini = self._rows_per_mini(batch)
-        self.check_policy_from_row(policy_from_row, len(batch), per_mini)
-        micro, micro_ref = actor_split(self.actor_cfg), self._ref_micro()
-        rows = batch.slice(policy_from_row, len(batch))
+        micro, micro_ref = actor_split(self.actor_cfg), ref_split(self.cfg.actor_rollout_ref.ref, self.actor_cfg)
+        rows = batch.slice(skip, len(batch))
         temperature = float(batch.meta.get("temperature", 1.0))
         ref = None
         if not len(rows):
@@ -63,74 +91,47 @@ class ActorFront:
         else:
             out = self.door.map_rows("log_probs", rows, "policy", temperature, calculate_entropy, micro,
                                      rows_per_mini=per_mini, micro=micro)
-        skipped = torch.zeros(policy_from_row, batch["responses"].shape[1])  # the update computes them
+        skipped = torch.zeros(skip, batch["responses"].shape[1])
         tensors = {"old_log_probs": torch.cat([skipped, out.tensors.get("log_probs", skipped[:0])])}
         if calculate_entropy:
             tensors["entropys"] = torch.cat([skipped, out.tensors.get("entropys", skipped[:0])])
-        if with_reference:
+        if with_reference:  # every row skipped: the reference's pass alone
             tensors["ref_log_prob"] = (ref["log_probs"] if ref is not None
                                        else self.compute_ref_log_prob(batch)["ref_log_prob"])
         return DataProto(tensors=tensors)
 
-    def check_policy_from_row(self, policy_from_row: int, rows: int, per_mini: int) -> None:
-        """ComputeLogProb's policy_from_row: whole mini-batches of `per_mini` rows within `rows`."""
-        if policy_from_row < 0 or policy_from_row % per_mini or policy_from_row > rows:
-            raise InvalidArgument(f"policy_from_row: {policy_from_row} is not a whole number of mini-batches of "
-                                  f"{per_mini} rows within the batch's {rows}")
-
-    def _ref_micro(self) -> Split:
-        return ref_split(self.cfg.actor_rollout_ref.ref, self.actor_cfg)
-
     def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
-        micro = self._ref_micro()
+        """The frozen reference's log-probs: 'ref_log_prob' [B, R]."""
+        micro = ref_split(self.cfg.actor_rollout_ref.ref, self.actor_cfg)
         out = self.door.map_rows("log_probs", batch, "ref", float(batch.meta.get("temperature", 1.0)), False,
                                  micro, rows_per_mini=len(batch), micro=micro)
         return DataProto(tensors={"ref_log_prob": out["log_probs"]})
 
-    def update_actor(self, batch: DataProto) -> dict[str, float]:
-        return self._update(batch, on_policy=False)[0]
+    def check_update(self, batch: DataProto) -> int:
+        """UpdateActor's batch carries old_log_probs for every row the update does not compute
+        itself (INVALID_ARGUMENT otherwise, before anything changes) -> update_rows."""
+        own = self.update_rows(batch)
+        if own < len(batch) and "old_log_probs" not in batch.tensors:
+            raise InvalidArgument(f"tensor 'old_log_probs': required for rows {own}..{len(batch) - 1} (only the "
+                                  f"first {own} rows are trained on the weights that generated them: "
+                                  "ComputeLogProb with before_update gives the others)")
+        return own
 
-    def update_actor_on_policy(self, batch: DataProto, rows: int = 0) -> tuple[dict[str, float], DataProto]:
-        """update_actor where the update's own forward gives the old log-probs of the rows trained on
-        the current weights (check_on_policy): every row (rows=0: the batch carries no old_log_probs),
-        or the first `rows` (the first mini-batch; the batch's old_log_probs of the others are used)
-        -> (metrics, 'old_log_probs' [B, R] as the update used them)."""
-        self.check_on_policy(batch, rows)
-        if rows:
-            batch = batch.union(DataProto(tensors={ON_POLICY_ROW: torch.arange(len(batch)) < rows}))
-        return self._update(batch, on_policy=not rows)
-
-    def check_on_policy(self, batch: DataProto, rows: int = 0) -> None:
-        """Every row given the update's own old log-probs must be trained on the current weights:
-        one mini-batch (or the first one, unshuffled), one epoch."""
-        a, per_mini = self.actor_cfg, self._rows_per_mini(batch)
-        if rows:
-            if a.ppo_epochs != 1 or a.shuffle or rows != per_mini or rows >= len(batch):
-                raise InvalidArgument(
-                    f"on_policy_rows: {rows} rows of {len(batch)} take the update's own old log-probs; that is "
-                    f"only the first mini-batch ({per_mini} rows = ppo_mini_batch_size x rollout_n), of a batch "
-                    f"with more, over ppo_epochs=1 (got {a.ppo_epochs}) with the actor's shuffle off (got {a.shuffle})")
-            if "old_log_probs" not in batch.tensors:
-                raise InvalidArgument("on_policy_rows: the batch carries no old_log_probs for the rows after the "
-                                      "first mini-batch")
-            return
-        if a.ppo_epochs != 1 or len(batch) > per_mini:
-            raise InvalidArgument(
-                f"on_policy: {len(batch)} rows in mini-batches of {per_mini} (ppo_mini_batch_size x rollout_n) "
-                f"over ppo_epochs={a.ppo_epochs}: rows after the first optimizer step are trained on newer "
-                "weights than the ones that sampled them; send old_log_probs (ComputeLogProb) instead")
-
-    def _update(self, batch: DataProto, on_policy: bool) -> tuple[dict[str, float], DataProto | None]:
+    def update_actor(self, batch: DataProto) -> Update:
+        """One PPO update (ppo_epochs, mini- and micro-batches) on `batch` (advantages, old_log_probs of
+        the rows after update_rows, ...)."""
+        own = self.check_update(batch)
+        batch = batch.union(DataProto(tensors={ON_POLICY_ROW: torch.arange(len(batch)) < own}))
         self.mutations += 1
         a = self.actor_cfg
         metrics, rows = self.door.train_with_rows(
-            "update", batch, float(batch.meta.get("temperature", 1.0)), on_policy,
+            "update", batch, float(batch.meta.get("temperature", 1.0)),
             rows_per_mini=self._rows_per_mini(batch), micro=actor_split(a),
             epochs=a.ppo_epochs, shuffle=a.shuffle, seed=self.cfg.trainer.seed + self.update_calls,
             units=lambda mini: loss_units(mini["response_mask"], a.loss_agg_mode))
         self.update_calls += 1
         self.weights_version += 1
-        return metrics, rows
+        return Update(metrics, rows, own)
 
     def train_sft(self, batch: DataProto) -> dict[str, float]:
         """One optimizer step of cross-entropy on batch['loss_mask'] tokens."""

@@ -14,16 +14,8 @@ engine's CUDA graphs) is freed when the next non-generation call starts, and all
 the next generation. The engine's CUDA graphs point at the policy's parameter storage, so before
 the policy's parameters move to host memory (actor.megatron.param_offload, while the reference
 computes) the engine is released; the next generation captures again.
-
-CPU threads: generations run at services.actor.generation_torch_threads when it is set (decode's
-small matmuls can be faster on fewer threads than the update's large ones), the rest of the actor
-at services.actor.torch_threads.
 """
 from __future__ import annotations
-
-from contextlib import contextmanager
-
-import torch
 
 from tandem.data.batch import DataProto
 from tandem.generation.sampling import SamplingParams
@@ -39,7 +31,6 @@ class ColocatedRollout:
     def __init__(self, actor: ActorWorker, engine: RolloutWorker | ReplicaRollout, free_cache_engine: bool):
         self.actor = actor
         self.engine = engine
-        self.threads = actor.cfg.services.actor.generation_torch_threads  # None: the actor's own
         self.every_rank = getattr(engine, "every_rank", False)  # read by RolloutFront
         cache = actor.memory.groups.get("kv_cache") or actor.memory.add(
             StateGroup("kv_cache", free_cache_engine, move_out=lambda: None, move_in=lambda: None))
@@ -48,31 +39,17 @@ class ColocatedRollout:
             actor.memory.groups["policy"].before_out.append(engine.release)
 
     def generate_sequences(self, batch: DataProto | None, params: SamplingParams) -> DataProto | None:
-        with self.actor.memory.phase("generate"), torch_threads(self.threads):
+        with self.actor.memory.phase("generate"):
             return self.engine.generate_sequences(batch, params)
 
 
-@contextmanager
-def torch_threads(n: int | None):
-    """torch's intra-op threads at `n` on this thread while active (None: unchanged)."""
-    before = torch.get_num_threads()
-    if n is None or n == before:
-        yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
 def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int, free_cache_engine: bool,
-                             generation_tp: int | None = None, shared_prefix: bool = True) -> ColocatedRollout:
+                             generation_tp: int | None = None) -> ColocatedRollout:
     m = actor.actor_cfg.megatron
     if generation_tp == 1 and (m.tensor_model_parallel_size > 1 or m.pipeline_model_parallel_size > 1):
         engine = ReplicaRollout(actor, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                                max_batch_size=max_batch_size, free_cache_engine=False, shared_prefix=shared_prefix)
+                                max_batch_size=max_batch_size, free_cache_engine=False)
     else:
         engine = RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size, shared_prefix=shared_prefix)
+                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size)
     return ColocatedRollout(actor, engine, free_cache_engine)  # the cache is freed by the actor's phases

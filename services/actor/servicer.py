@@ -6,6 +6,7 @@ WeightSource that exports on the worker thread and sends from its own threads.
 from __future__ import annotations
 
 from tandem.data import codec, schemas
+from tandem.data.batch import DataProto
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
 from tandem.services.actor.front import ActorFront
 from tandem.services.actor.kept_rows import KeptRows
@@ -16,13 +17,12 @@ from tandem.weights.source import WeightSource
 from tandem.weights.source_servicer import WeightSourceServicer
 
 SERVICE = "tandem.v1.ActorService"
-UPDATE_KEYS = ("old_log_probs", "advantages")
-ON_POLICY_KEYS = ("advantages",)
-KEPT_UPDATE_KEYS = ("kept_row", "advantages", "rollout_log_probs")  # UpdateActor(kept_rows)'s batch
+UPDATE_KEYS = ("advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs")  # UpdateActor's batch
+KEPT_UPDATE_KEYS = ("advantages", "rollout_log_probs")  # ... with kept rows
 
 
 class ActorServicer(WeightSourceServicer):
-    """kept: the colocated rollout's KeptRows (ComputeLogProb's kept_rows); None without one."""
+    """kept: the colocated rollout's KeptRows (rows.kept in calls); None without one."""
 
     def __init__(self, worker: ActorFront, thread: WorkerThread, kept: KeptRows | None = None):
         self.worker = worker
@@ -35,81 +35,80 @@ class ActorServicer(WeightSourceServicer):
         self.weights = WeightSource(take, thread.run, lambda: worker.mutations,
                                     store_hosts=worker.cfg.actor_rollout_ref.rollout.weight_sync.store_hosts)
 
-    def _decode(self, request, float_keys=()):
-        batch = codec.decode_batch(request.batch)
+    def _decode(self, batch_msg, float_keys=()):
+        batch = codec.decode_batch(batch_msg)
         schemas.check_sequences(batch, self.worker.vocab_size, float_keys)
         schemas.check_meta(batch)
         return batch
 
-    async def ComputeLogProb(self, request, context):
-        settings = (request.calculate_entropy, request.with_reference, request.policy_from_row)
-        if request.kept_rows:
-            if request.HasField("batch"):
-                raise InvalidArgument("kept_rows: send either the batch or the key of kept rows, not both")
-            if self.kept is None:
-                raise FailedPrecondition("kept_rows: this actor has no colocated rollout, so it keeps no rows; "
-                                         "send the batch")
-            out = await self.kept.log_probs(request.kept_rows, settings)
-            return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
-        batch = self._decode(request)
-        out = await self.thread.run(self.worker.compute_log_prob, batch, *settings)
-        return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out))
+    def _source(self, rows) -> str:
+        """Which of Rows' oneof is set; INVALID_ARGUMENT for neither, FAILED_PRECONDITION for kept
+        rows on an actor that keeps none."""
+        which = rows.WhichOneof("source")
+        if which is None:
+            raise InvalidArgument("rows: send the rows (rows.batch) or name rows this actor kept (rows.kept)")
+        if which == "kept" and self.kept is None:
+            raise FailedPrecondition("rows.kept: this actor has no colocated rollout, so it keeps no rows")
+        return which
 
-    async def ComputeRefLogProb(self, request, context):
-        batch = self._decode(request)
-        out = await self.thread.run(self.worker.compute_ref_log_prob, batch)
-        return actor_pb2.ComputeRefLogProbResponse(batch=codec.encode_batch(out))
+    async def ComputeLogProb(self, request, context):
+        settings = (request.calculate_entropy, request.with_reference, request.before_update)
+        if self._source(request.rows) == "kept":
+            out, skip = await self.kept.log_probs(request.rows.kept.key, list(request.rows.kept.rows), settings)
+        else:
+            batch = self._decode(request.rows.batch)
+            out, skip = await self.thread.run(self.worker.log_probs, batch, *settings)
+        return actor_pb2.ComputeLogProbResponse(batch=codec.encode_batch(out), update_rows=skip)
+
+    def _update_keys(self) -> tuple[str, ...]:
+        a = self.worker.actor_cfg
+        return ("advantages",) + (("ref_log_prob",) if a.use_kl_loss else ()) + \
+            (("rollout_log_probs",) if a.tis_imp_ratio_cap > 0 else ())
 
     async def UpdateActor(self, request, context):
-        # on_policy: old_log_probs come from the update (every row's, or with on_policy_rows the first rows')
-        whole = request.on_policy and not request.on_policy_rows
-        keys = ON_POLICY_KEYS if whole else UPDATE_KEYS
-        keys += ("ref_log_prob",) if self.worker.actor_cfg.use_kl_loss else ()
-        keys += ("rollout_log_probs",) if self.worker.actor_cfg.tis_imp_ratio_cap > 0 else ()
-        if request.on_policy_rows and not request.on_policy:
-            raise InvalidArgument("on_policy_rows: set only with on_policy")
-        if request.kept_rows:
+        keys = self._update_keys()
+        if self._source(request.rows) == "kept":
             return await self._update_kept(request, keys)
+        rows = self._decode(request.rows.batch)
+        sent = codec.decode_batch(request.batch)
+        unknown = sorted(set(sent.tensors) - set(UPDATE_KEYS))
+        if unknown:
+            raise InvalidArgument(f"batch: carries {unknown}; it carries per-row {', '.join(UPDATE_KEYS)} only "
+                                  "(the rows themselves go in rows.batch)")
+        if sent.tensors and len(sent) != len(rows):
+            raise InvalidArgument(f"batch: {len(sent)} rows for the {len(rows)} rows sent")
+        batch = DataProto(tensors={**rows.tensors, **sent.tensors}, meta=rows.meta)
+        own = self.worker.check_update(batch)  # before the worker thread: a bad request changes nothing
+        schemas.check_floats(batch, keys + (("old_log_probs",) if own < len(batch) else ()))
         self._writes()
-        batch = self._decode(request, keys)
-        if not request.on_policy:
-            metrics = await self.thread.run(self.worker.update_actor, batch)
-            return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
-        if whole and "old_log_probs" in batch.tensors:
-            raise InvalidArgument("on_policy: the batch carries old_log_probs; the update computes them itself")
-        rows = request.on_policy_rows
-        self.worker.check_on_policy(batch, rows)  # before the worker thread: a bad request changes nothing
-        metrics, old = await self.thread.run(self.worker.update_actor_on_policy, batch, rows)
-        return actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
-                                             batch=codec.encode_batch(old))
+        metrics, old, own = await self.thread.run(self.worker.update_actor, batch)
+        return self._updated(metrics, old, own)
+
+    def _updated(self, metrics, old, own) -> actor_pb2.UpdateActorResponse:
+        out = actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version,
+                                            update_rows=own)
+        if old is not None:
+            out.batch.CopyFrom(codec.encode_batch(old))
+        return out
 
     async def _update_kept(self, request, keys: tuple[str, ...]):
         """UpdateActor on the rows the colocated rollout kept: the batch is put together, checked and
         trained on in one worker call queued behind the kept log-prob pass (no GPU gap after it)."""
-        if self.kept is None:
-            raise FailedPrecondition("kept_rows: this actor has no colocated rollout, so it keeps no rows; "
-                                     "send the batch")
         sent = codec.decode_batch(request.batch)
         extra = sorted(set(sent.tensors) - set(KEPT_UPDATE_KEYS))
         if extra:
-            raise InvalidArgument(f"kept_rows: the batch carries {extra}; with kept rows it carries only "
+            raise InvalidArgument(f"batch: carries {extra}; with kept rows it carries only "
                                   f"{', '.join(KEPT_UPDATE_KEYS)} (the actor has the rest)")
-        on_policy_rows = request.on_policy_rows if request.on_policy else None
         reference = "ref_log_prob" in keys
-        kept = await self.kept.for_update(request.kept_rows, sent, on_policy_rows, reference)  # counts this update
+        kept, index = await self.kept.for_update(request.rows.kept.key, list(request.rows.kept.rows), sent,
+                                                 reference)  # counts this update
 
         def update():
-            batch = self.kept.update_batch(kept, sent, on_policy_rows, reference)
+            batch = self.kept.update_batch(kept, index, sent, reference)
             schemas.check_floats(batch, keys)  # the rows are this actor's own generation: checked when made
-            if on_policy_rows is None:
-                return self.worker.update_actor(batch), None
-            return self.worker.update_actor_on_policy(batch, on_policy_rows)  # checks before it changes anything
+            return self.worker.update_actor(batch)  # checks before it changes anything
 
-        metrics, old = await self.thread.run(update)
-        out = actor_pb2.UpdateActorResponse(metrics=metrics, weights_version=self.worker.weights_version)
-        if old is not None:
-            out.batch.CopyFrom(codec.encode_batch(old))
-        return out
+        return self._updated(*await self.thread.run(update))
 
     def _writes(self) -> None:
         """A call that changes the policy or the reference arrived: a kept pass queued before it is stale."""

@@ -25,7 +25,7 @@ from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import Split, actor_split
 from tandem.train.moe_aux_loss import load_balancing
 from tandem.train.optim import Optimizer, wrap_ddp
-from tandem.train.schedule import overlaps_host_work, reads_responses_only, shares_prompts
+from tandem.train.schedule import reads_responses_only, shares_prompts
 from tandem.train.step import forward_rows, rows_on_host, train_steps
 
 
@@ -54,8 +54,9 @@ class ActorWorker:
             compile_layers(self.policy)
             compile_layers(self.ref)
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
-        # MoE: the router's load-balancing loss counts each row's own tokens, so rows keep their prompts
-        self.share_prompts = self.actor_cfg.share_prompts and self.shape.moe is None
+        # rows of one prompt (a GRPO group) run it once in the update and log-prob passes; MoE: the router's
+        # load-balancing loss counts each row's own tokens, so rows keep their prompts
+        self.share_prompts = self.shape.moe is None
         self._copy_to_reference()
         self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
         self.sft_optimizer: Optimizer | None = None
@@ -95,17 +96,14 @@ class ActorWorker:
             return output.new_zeros(()), 0, out
 
         shares_prompts(loss_fn, self.share_prompts)
-        overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
         return forward_rows(model, shards, micro, loss_fn, read_back)
 
     # ---- training --------------------------------------------------------------------
-    def update(self, shards: list[DataProto], temperature: float, on_policy: bool = False) -> dict:
-        """One optimizer step per mini-batch shard; on_policy: the shards carry no old log-probs
-        (the loss takes its own forward's and returns them per row, tandem/train/losses.py)."""
-        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature,
-                                    on_policy=on_policy)
+    def update(self, shards: list[DataProto], temperature: float) -> dict:
+        """One optimizer step per mini-batch shard; rows marked ON_POLICY_ROW take the loss's own
+        forward's old log-probs, and every row's come back (tandem/train/losses.py)."""
+        loss_fn = functools.partial(losses.ppo_actor_loss, cfg=self.actor_cfg, temperature=temperature)
         shares_prompts(loss_fn, self.share_prompts)
-        overlaps_host_work(loss_fn, self.actor_cfg.overlap_host_work)
         with self.memory.phase("train"):
             out = self._train(self.optimizer, shards, loss_fn, M.ACTOR_GRAD_NORM, M.ACTOR_LR)
             out["steps"].update(memory_metrics("actor"))  # the step's peaks in this process (colocated: all phases)

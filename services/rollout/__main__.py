@@ -43,8 +43,7 @@ class RolloutRole(Role):
         model = build_gpt_model(shape, tp=rollout.tensor_model_parallel_size or 1, params_dtype=dtype).eval()
         model.requires_grad_(False)
         worker = RolloutWorker(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                               vocab_size=model.vocab_size, max_batch_size=rollout.max_batch_size, weights_version=-1,
-                               shared_prefix=rollout.shared_prefix_attention)
+                               vocab_size=model.vocab_size, max_batch_size=rollout.max_batch_size, weights_version=-1)
         staging = WeightStaging(model, shape, worker)
         # leave: the run's weight group with the actor (collective transport) goes with the run
         return Built({"rollout": worker, "weights": staging}, {"pad_id": tokenizer.pad_token_id, "max_positions": shape.max_position_embeddings},

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from tandem.config.services_schema import (  # noqa: F401  (re-exported: part of the schema)
-    ActorEndpoint,
     AuthConfig,
     RayPlacement,
     ServiceEndpoint,
@@ -105,12 +104,6 @@ class ActorConfig:
     tis_imp_ratio_cap: float = -1.0  # truncated IS with the rollout log-probs: weight min(ratio, cap); <= 0 = off
     # verl's key: torch.compile each transformer layer for training and log-probs (GPUs only; CPU runs stay eager)
     use_torch_compile: bool = True
-    # Tandem's: rows with the same prompt (a GRPO group) run it once in the update and log-prob
-    # passes (tandem/models/shared_prompts.py); same results up to float rounding (verl: use_prefix_grouper)
-    share_prompts: bool = False
-    # Tandem's: build each micro-batch's packing just before its forward, overlapping the GPU's
-    # work on the previous one, instead of all of a call's up front (tandem/train/schedule.py)
-    overlap_host_work: bool = False
     profile: ProfileConfig = field(default_factory=ProfileConfig)
 
 
@@ -150,7 +143,6 @@ class RolloutConfig:
     # copy of the policy on every actor rank, synced before each generation (tandem/rollout/replica.py).
     # Standalone: the rollout's own TP (None = 1; its world size a multiple of it; each rank slices its shard).
     tensor_model_parallel_size: int | None = None
-    shared_prefix_attention: bool = True  # Tandem's: decode reads each prompt's KV once for its n samples
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # standalone: the rollout service's
@@ -306,12 +298,6 @@ class TrainerConfig:
     total_training_steps: Optional[int] = 120  # None: total_epochs x full batches per epoch (verl's rule)
     total_epochs: Optional[int] = None  # with total_training_steps unset: passes over data.train_files
     critic_warmup: int = 0  # the first N steps update only the critic (verl's key)
-    log_probs_with_scoring: bool = False  # Tandem's: log-probs and values start while scoring (not DAPO, async)
-    # Tandem's: colocated, the actor queues its log-prob pass right behind the generation (no round trip)
-    log_probs_after_generation: bool = True
-    log_probs_one_call: bool = True  # Tandem's: old and reference log-probs in one actor call, not two
-    # Tandem's: the update's own forward gives the old log-probs of the rows it trains on the sampling weights
-    old_log_probs_from_update: bool = True
     log_val_generations: int = 0  # log the first N validation samples (prompt, response, score) per validation
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab

@@ -49,15 +49,8 @@ class ServiceEndpoint:
 
 
 @dataclass
-class ActorEndpoint(ServiceEndpoint):
-    # Tandem's: CPU threads of the colocated rollout's generations (None: torch_threads). Decode's
-    # small matmuls can run faster on fewer threads than the update's (issue 22)
-    generation_torch_threads: Optional[int] = None
-
-
-@dataclass
 class ServicesConfig:
-    actor: ActorEndpoint = field(default_factory=lambda: ActorEndpoint(torch_threads=2))
+    actor: ServiceEndpoint = field(default_factory=lambda: ServiceEndpoint(torch_threads=2))
     rollout: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
@@ -66,5 +59,3 @@ class ServicesConfig:
     # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
     # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
     compile_cache_dir: str | None = None
-    # Tandem's: ranks gc.freeze() once built and after each call (tandem/serving/gc_pauses.py, README)
-    freeze_gc: bool = False

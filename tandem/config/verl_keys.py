@@ -232,8 +232,8 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.actor.freeze_vision_tower", MM),
     refused("actor_rollout_ref.actor.loss_scale_factor", "losses are normalised by loss_agg_mode's units"),
     mapped("actor_rollout_ref.actor.calculate_entropy", "the actor computes entropy when entropy_coeff != 0"),
-    mapped("actor_rollout_ref.actor.use_prefix_grouper", "actor_rollout_ref.actor.share_prompts: each prompt runs "
-           "once for the rows that share it in the update and log-prob passes", to("actor_rollout_ref.actor.share_prompts")),
+    mapped("actor_rollout_ref.actor.use_prefix_grouper", "always on: on a dense model each prompt runs once for "
+           "the rows that share it in the update and log-prob passes"),
     mapped("actor_rollout_ref.actor.use_fused_kernels", "log-probs and entropy are fused kernels already"),
     refused("*.router_replay.*", "MoE router replay is not offered"),
     refused("*.checkpoint.*", "checkpoints hold model, optimizer and extra state, saved synchronously; write "

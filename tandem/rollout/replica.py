@@ -24,8 +24,7 @@ class ReplicaRollout:
 
     every_rank = True  # RolloutFront: split prompts over all ranks, call every rank
 
-    def __init__(self, actor, *, pad_id: int, eos_id: int, max_batch_size: int, free_cache_engine: bool,
-                 shared_prefix: bool = True):
+    def __init__(self, actor, *, pad_id: int, eos_id: int, max_batch_size: int, free_cache_engine: bool):
         from tandem.models.build import build_gpt_model
 
         self.actor = actor
@@ -33,8 +32,7 @@ class ReplicaRollout:
         self.model = build_gpt_model(actor.shape, params_dtype=dtype, replica=True).eval()
         self.model.requires_grad_(False)
         self.worker = RolloutWorker(self.model, pad_id=pad_id, eos_id=eos_id, vocab_size=actor.vocab_size,
-                                    max_batch_size=max_batch_size, free_cache_engine=free_cache_engine,
-                                    shared_prefix=shared_prefix)
+                                    max_batch_size=max_batch_size, free_cache_engine=free_cache_engine)
         self.syncs = 0
 
     def generate_sequences(self, batch: DataProto | None, params: SamplingParams) -> DataProto | None:

@@ -19,11 +19,11 @@ from tandem.parallel import device
 
 class RolloutWorker:
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int,
-                 free_cache_engine: bool = False, weights_version: int = 0, shared_prefix: bool = True):
+                 free_cache_engine: bool = False, weights_version: int = 0):
         self.model = model
         self.free_cache_engine = free_cache_engine  # colocated: give the KV cache back to training
         self.engine = GenerationEngine(model, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size,
-                                       max_batch_size=max_batch_size, shared_prefix=shared_prefix)
+                                       max_batch_size=max_batch_size)
         self.vocab_size = vocab_size
         self.weights_version = weights_version
 

@@ -6,8 +6,8 @@ https://ui.perfetto.dev, or `python bench/trace_gaps.py FILE`), one per traced R
 every call of that step on that rank (each call a `<target>.<method>` range). The step is the
 caller's `x-step` (controller/roles.py `set_step`); a step's trace is written when the first call
 of another step arrives, or when the run is released or the service stops. Calls that carry no
-step (before the first RL step) are never traced; the last step's trace also holds what the
-run does after it with the same tag (final validation, checkpoint).
+step go into the trace of the step under way (none before the first RL step); the last step's
+trace also holds what the run does after it with the same tag (final validation, checkpoint).
 
 Compile time: after a call in which this process spent time in torch.compile (dynamo + inductor,
 `torch._dynamo.utils.calculate_time_spent`) or capturing CUDA graphs
@@ -18,8 +18,7 @@ and inductor's compile worker pool (compile_threads, compile_pool_up).
 
 Garbage collection: after a call in which Python's cyclic collector ran for over a millisecond or
 made a full (generation 2) collection, one line `gc.paused` with its seconds and counts
-(tandem/serving/gc_pauses.py): the collector stops every thread, the GPU's feeder included. With
-services.freeze_gc, what the call left alive is frozen after it (out of later collections).
+(tandem/serving/gc_pauses.py): the collector stops every thread, the GPU's feeder included.
 
 Deliberately not here: which section applies to which service (tandem/config/checks/profile.py),
 the rank-group protocol (rank_group.py).
@@ -83,14 +82,13 @@ def capture_seconds() -> float:
 class CallObserver:
     """One rank's observer (`profile`: the service's ProfileConfig, None: no traces)."""
 
-    def __init__(self, role: str, rank: int, profile=None, freeze_gc: bool = False):
+    def __init__(self, role: str, rank: int, profile=None):
         self.role, self.rank = role, rank
         on = profile is not None and profile.use_profile
         self.ranks = set([0] if on and profile.profile_ranks is None else (profile.profile_ranks if on else []))
         self.profile = profile if on and rank in self.ranks else None
         self.step: int | None = None
         self.prof = None
-        self.freeze_gc = freeze_gc  # services.freeze_gc: what a call leaves alive, frozen after it
         gc_pauses.install()
 
     def wants(self, step: int | None) -> bool:
@@ -103,8 +101,6 @@ class CallObserver:
         c0, g0, gc0 = compile_times(), capture_seconds(), gc_pauses.totals()
         with torch.profiler.record_function(name) if self.prof is not None else nullcontext():
             yield
-        if self.freeze_gc:
-            gc_pauses.freeze()
         paused = gc_pauses.since(gc0)
         if paused["full"] or paused["gc_s"] > 1e-3:
             _log.info("gc.paused", method=name, rl_step=step, gc_s=round(paused["gc_s"], 4),
@@ -119,7 +115,9 @@ class CallObserver:
                       **phases)
 
     def _at_step(self, step: int | None) -> None:
-        if step == self.step:
+        # a call without a step (the weight plane's export after an update) belongs to the step under
+        # way: switching to "no step" would write its trace early and start it again after
+        if step is None or step == self.step:
             return
         self.close()
         self.step = step

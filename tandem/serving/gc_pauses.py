@@ -4,11 +4,6 @@ A collection stops every Python thread. A service process holds ~0.5-1M tracked 
 megatron, compiled graphs): a full (generation 2) collection scans them all, ~0.1-0.3 s, at a
 moment set by allocation counts, not by the caller: in the middle of a log-prob pass or an update
 the GPU then runs dry. The call observer (call_observer.py) logs what each call paid.
-
-`freeze()` / `thaw()` (services.freeze_gc): tracked objects moved out of the collector's reach (they are
-never scanned again) once a rank's workers are built and after each call, and handed back when the run
-is released. What is frozen is what lived at that moment: a reference cycle that dies later is not
-collected until the release (after a full collection first, the objects frozen are live ones).
 """
 from __future__ import annotations
 
@@ -52,16 +47,3 @@ def since(before: dict) -> dict:
     """What was paid since `before` (a `totals()`)."""
     now = totals()
     return {k: now[k] - before[k] for k in now}
-
-
-def freeze(collect: bool = False) -> None:
-    """Move every tracked object out of later collections (`collect`: a full collection first, so
-    that only live objects are frozen; gc.freeze itself is O(1))."""
-    if collect:
-        gc.collect()
-    gc.freeze()
-
-
-def thaw() -> None:
-    """Hand the frozen objects back to the collector (the next full collection scans them)."""
-    gc.unfreeze()

@@ -33,7 +33,7 @@ from tandem.logging import configure_logging, get_logger
 from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
 from tandem.rpc.errors import FailedPrecondition
-from tandem.serving import gc_pauses
+from tandem.rpc.protocol import PROTOCOL
 from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.compile_cache import use_compile_cache
 from tandem.serving.role import Built, Role
@@ -64,12 +64,9 @@ class RankHost:
             # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU
             device.set_memory_fraction(section.gpu_memory_fraction or 1.0)
         self.built = self.role.build(cfg)
-        if cfg.services.freeze_gc:  # the workers' objects out of every later collection
-            gc_pauses.freeze(collect=True)
         if self.group is not None:
             self.group.targets.update(self.built.targets)
-            self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name),
-                                               freeze_gc=cfg.services.freeze_gc)
+            self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name))
         _log.info("run.configured", run=run_id, pid=os.getpid())
         return os.getpid()
 
@@ -85,7 +82,6 @@ class RankHost:
         self.built = None
         self.close_observer()
         torch.compiler.reset()  # compiled graphs may hold the old modules (GPUs: torch.compile'd layers)
-        gc_pauses.thaw()  # services.freeze_gc: the run's frozen objects collectable again
         gc.collect()
         device.empty_cache()
         configure_logging(role=self.role.name, rank=self.rank, run_id=None)
@@ -95,7 +91,6 @@ class RankHost:
     def close_observer(self) -> None:
         """Write the open trace (the run is released or the process stops)."""
         if self.group is not None and self.group.observer is not None:
-            self.group.observer.freeze_gc = False  # the release call ends in it: nothing of this run to freeze
             self.group.observer.close()
             self.group.observer = None
 
@@ -225,7 +220,7 @@ class RunHost:
         return {"role": self.role.name, "run_id": self.run_id or "", "world_size": world, "pids": self.pids,
                 "tensor_parallel": parallel.tp, "pipeline_parallel": parallel.pp,
                 "expert_parallel": parallel.ep, "tensor_bytes": live_tensor_bytes(),
-                "interrupted": interrupt.requested()}
+                "interrupted": interrupt.requested(), "protocol": PROTOCOL}
 
 
 def live_tensor_bytes() -> int:

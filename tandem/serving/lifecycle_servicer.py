@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2
 
 from tandem.config import ConfigError
 from tandem.rpc.errors import FailedPrecondition, InvalidArgument
+from tandem.rpc.protocol import check_protocol
 from tandem.serving.lifecycle import RunHost
 from tandem.serving.worker_thread import WorkerThread
 from tandem.v1 import lifecycle_pb2
@@ -35,6 +36,7 @@ class LifecycleServicer:
             raise InvalidArgument("run_id: must not be empty")
         if not request.config_yaml.strip():
             raise InvalidArgument("config_yaml: must not be empty (the run's resolved config.yaml)")
+        check_protocol(request.protocol, f"{self.host.role.name} service's", "the caller")
         if self.host.holder is not None:
             raise self._held_by_other(request.run_id)
         self.host.pending = request.run_id  # a second Configure now sees the holder

@@ -71,8 +71,8 @@ class RolloutServicer:
     """receiver: the standalone rollout's WeightReceiver (tandem/weights/receiver.py); None for
     the colocated rollout, which serves the actor's own weights. limits: what one generation
     may ask for (None: only the sampling checks). kept: the colocated actor's KeptRows
-    (services/actor/kept_rows.py), which queues its log-prob pass behind a generation that asks
-    for it (log_probs_after); None: the request's log_probs_after is ignored."""
+    (services/actor/kept_rows.py), which keeps the rows of a generation that asks for it (`keep`)
+    and queues its log-prob pass behind it; None: the request's `keep` is ignored."""
 
     def __init__(self, worker: RolloutFront, thread: WorkerThread, receiver=None,
                  limits: GenerationLimits | None = None, kept=None):
@@ -88,13 +88,12 @@ class RolloutServicer:
         params = sampling_from_proto(request.sampling, self.worker.vocab_size)
         if self.limits is not None:
             self.limits.check(batch, params)
-        after = None
-        if self.kept is not None and request.HasField("log_probs_after"):
-            a = request.log_probs_after
-            after = (a.calculate_entropy, a.with_reference, a.policy_from_row)
-            self.kept.check(len(batch), params, after)
+        keep = None
+        if self.kept is not None and request.HasField("keep"):
+            k = request.keep
+            keep = (k.calculate_entropy, k.with_reference, k.before_update)
         generation = self.thread.submit(self.worker.generate_sequences, batch, params)
-        key = self.kept.queue_after(generation, params, after) if after is not None else ""
+        key = self.kept.queue_after(generation, params, keep) if keep is not None else ""
         try:
             out = await asyncio.wrap_future(generation)
         except GenerationAborted as e:

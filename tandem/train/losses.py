@@ -19,7 +19,7 @@ from tandem.models.scalar_head import token_values
 from tandem.parallel import device
 from tandem.train.schedule import reads_responses_only
 
-# a bool [B] column the actor's front adds (update_actor_on_policy's `rows`): the row's old
+# a bool [B] column the actor's front adds to an update's batch (its update_rows): the row's old
 # log-probs are this forward's own (the first mini-batch), not the batch's old_log_probs
 ON_POLICY_ROW = "__on_policy_row__"
 
@@ -63,15 +63,13 @@ def _layout(values: torch.Tensor, valid: torch.Tensor | None, b: int, r: int) ->
 
 
 @reads_responses_only
-def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float,
-                   on_policy: bool = False):
+def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temperature: float):
     """PPO clipped loss (+ entropy bonus, + KL loss) of one micro-batch -> (loss, units, metrics).
 
-    on_policy: the micro-batch has no old log-probs because they are the current policy's: this
-    forward pass's own (detached; the same numbers a separate log-prob pass gives, so the same
-    loss and gradient), also returned per row as metrics["old_log_probs"] [B, R]. A batch with the
-    ON_POLICY_ROW column does the same for its marked micro-batches and returns every micro-batch's."""
-    on_policy, per_row = _own_old_log_probs(mb, on_policy)
+    A micro-batch whose rows are marked ON_POLICY_ROW takes this forward's own log-probs as its old
+    ones (detached; the numbers a separate log-prob pass gives, so the same loss and gradient); with
+    the column, every micro-batch returns its old log-probs per row as metrics["old_log_probs"] [B, R]."""
+    on_policy, per_row = _own_old_log_probs(mb)
     dev = device.device()
     mask = device.to_device(mb["response_mask"], dev).float()
     # with no entropy bonus the entropy is only a metric: keep its [n, V] graph out of backward
@@ -112,15 +110,15 @@ def ppo_actor_loss(output: torch.Tensor, mb: DataProto, cfg: ActorConfig, temper
     return loss, loss_units(mb["response_mask"], cfg.loss_agg_mode), out
 
 
-def _own_old_log_probs(mb: DataProto, on_policy: bool) -> tuple[bool, bool]:
+def _own_old_log_probs(mb: DataProto) -> tuple[bool, bool]:
     """-> (whether this micro-batch takes its own forward's old log-probs, whether it returns its
     old log-probs per row). Marked rows form whole mini-batches, so a micro-batch is all or none."""
     own = mb.tensors.get(ON_POLICY_ROW)
     if own is None:
-        return on_policy, on_policy
+        return False, False
     if bool(own.any()) != bool(own.all()):
         raise ValueError(f"{ON_POLICY_ROW}: a micro-batch mixes rows with and without their own old log-probs")
-    return on_policy or bool(own.all()), True
+    return bool(own.all()), True
 
 
 def _scalars(metrics: dict) -> dict:

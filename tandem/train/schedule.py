@@ -48,15 +48,6 @@ def shares_prompts(loss_fn: Callable, on: bool = True) -> Callable:
     return loss_fn
 
 
-def overlaps_host_work(loss_fn: Callable, on: bool = True) -> Callable:
-    """Mark a loss_fn's schedule to build each micro-batch's packing just before its forward (the
-    config's `overlap_host_work`): the host work then overlaps the previous micro-batch's queued
-    GPU work instead of all of it running, with the GPU idle, before the first forward. Only
-    without pipeline parallelism (its schedule sizes its transfers by the longest packing)."""
-    loss_fn.overlaps_host_work = on
-    return loss_fn
-
-
 def _packing(mb: DataProto, multiple: int, share: bool, responses_only: bool, select: bool) -> Packing:
     if share:
         packing = SharedPromptPacking(mb["attention_mask"], mb["input_ids"], mb["responses"].shape[1], multiple)
@@ -81,13 +72,9 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
     prepare = functools.partial(_packing, multiple=sequence_split(model),
                                 share=responses_only and getattr(loss_fn, "shares_prompts", False),
                                 responses_only=responses_only, select=selects_outputs(model))
-    if getattr(loss_fn, "overlaps_host_work", False) and _pipeline_size() == 1:
-        it = ((mb, prepare(mb)) for mb in micro_batches)  # built when forward_step asks for it
-        seq_length = max((mb["attention_mask"].numel() for mb in micro_batches), default=1)  # a bound; unused at PP=1
-    else:
-        packings = [prepare(mb) for mb in micro_batches]
-        it = iter(zip(micro_batches, packings))
-        seq_length = max(p.total for p in packings)
+    packings = [prepare(mb) for mb in micro_batches]
+    it = iter(zip(micro_batches, packings))
+    seq_length = max(p.total for p in packings)
 
     def forward_step(data_iterator, model):
         mb, packing = next(data_iterator)
@@ -108,9 +95,3 @@ def run_schedule(model, micro_batches: list[DataProto], loss_fn: Callable,
         forward_step_func=forward_step, data_iterator=it, model=model,
         num_microbatches=len(micro_batches), seq_length=seq_length, micro_batch_size=1,
         forward_only=forward_only)
-
-
-def _pipeline_size() -> int:
-    from megatron.core import parallel_state as ps
-
-    return ps.get_pipeline_model_parallel_world_size()

@@ -27,7 +27,7 @@ from tandem.v1 import data_pb2 as tandem_dot_v1_dot_data__pb2
 from tandem.v1 import weights_pb2 as tandem_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tandem/v1/actor.proto\x12\ttandem.v1\x1a\x16tandem/v1/common.proto\x1a\x14tandem/v1/data.proto\x1a\x17tandem/v1/weights.proto\"\x97\x01\n\x15\x43omputeLogProbRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x19\n\x11\x63\x61lculate_entropy\x18\x02 \x01(\x08\x12\x16\n\x0ewith_reference\x18\x03 \x01(\x08\x12\x17\n\x0fpolicy_from_row\x18\x04 \x01(\x03\x12\x11\n\tkept_rows\x18\x05 \x01(\t\"9\n\x16\x43omputeLogProbResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\";\n\x18\x43omputeRefLogProbRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"<\n\x19\x43omputeRefLogProbResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"s\n\x12UpdateActorRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x11\n\ton_policy\x18\x02 \x01(\x08\x12\x16\n\x0eon_policy_rows\x18\x03 \x01(\x03\x12\x11\n\tkept_rows\x18\x04 \x01(\t\"\xbd\x01\n\x13UpdateActorResponse\x12<\n\x07metrics\x18\x01 \x03(\x0b\x32+.tandem.v1.UpdateActorResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.tandem.v1.Batch\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x0fTrainSftRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"\x96\x01\n\x10TrainSftResponse\x12\x39\n\x07metrics\x18\x01 \x03(\x0b\x32(.tandem.v1.TrainSftResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x15\n\x13SetReferenceRequest\"\x16\n\x14SetReferenceResponse2\xf1\x08\n\x0c\x41\x63torService\x12U\n\x0e\x43omputeLogProb\x12 .tandem.v1.ComputeLogProbRequest\x1a!.tandem.v1.ComputeLogProbResponse\x12^\n\x11\x43omputeRefLogProb\x12#.tandem.v1.ComputeRefLogProbRequest\x1a$.tandem.v1.ComputeRefLogProbResponse\x12L\n\x0bUpdateActor\x12\x1d.tandem.v1.UpdateActorRequest\x1a\x1e.tandem.v1.UpdateActorResponse\x12\x43\n\x08TrainSft\x12\x1a.tandem.v1.TrainSftRequest\x1a\x1b.tandem.v1.TrainSftResponse\x12O\n\x0cSetReference\x12\x1e.tandem.v1.SetReferenceRequest\x1a\x1f.tandem.v1.SetReferenceResponse\x12\x61\n\x12GetWeightsManifest\x12$.tandem.v1.GetWeightsManifestRequest\x1a%.tandem.v1.GetWeightsManifestResponse\x12T\n\rStreamWeights\x12\x1f.tandem.v1.StreamWeightsRequest\x1a .tandem.v1.StreamWeightsResponse0\x01\x12O\n\x0cShareWeights\x12\x1e.tandem.v1.ShareWeightsRequest\x1a\x1f.tandem.v1.ShareWeightsResponse\x12U\n\x0eReleaseWeights\x12 .tandem.v1.ReleaseWeightsRequest\x1a!.tandem.v1.ReleaseWeightsResponse\x12X\n\x0fJoinWeightGroup\x12!.tandem.v1.JoinWeightGroupRequest\x1a\".tandem.v1.JoinWeightGroupResponse\x12]\n\x10\x42roadcastWeights\x12\".tandem.v1.BroadcastWeightsRequest\x1a#.tandem.v1.BroadcastWeightsResponse0\x01\x12U\n\x0eSaveCheckpoint\x12 .tandem.v1.SaveCheckpointRequest\x1a!.tandem.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .tandem.v1.LoadCheckpointRequest\x1a!.tandem.v1.LoadCheckpointResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tandem/v1/actor.proto\x12\ttandem.v1\x1a\x16tandem/v1/common.proto\x1a\x14tandem/v1/data.proto\x1a\x17tandem/v1/weights.proto\"X\n\x04Rows\x12!\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.BatchH\x00\x12#\n\x04kept\x18\x02 \x01(\x0b\x32\x13.tandem.v1.KeptRowsH\x00\x42\x08\n\x06source\"%\n\x08KeptRows\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0c\n\x04rows\x18\x02 \x03(\x03\"\x80\x01\n\x15\x43omputeLogProbRequest\x12\x1d\n\x04rows\x18\x01 \x01(\x0b\x32\x0f.tandem.v1.Rows\x12\x19\n\x11\x63\x61lculate_entropy\x18\x02 \x01(\x08\x12\x16\n\x0ewith_reference\x18\x03 \x01(\x08\x12\x15\n\rbefore_update\x18\x04 \x01(\x08\"N\n\x16\x43omputeLogProbResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x13\n\x0bupdate_rows\x18\x02 \x01(\x03\"T\n\x12UpdateActorRequest\x12\x1d\n\x04rows\x18\x01 \x01(\x0b\x32\x0f.tandem.v1.Rows\x12\x1f\n\x05\x62\x61tch\x18\x02 \x01(\x0b\x32\x10.tandem.v1.Batch\"\xd2\x01\n\x13UpdateActorResponse\x12<\n\x07metrics\x18\x01 \x03(\x0b\x32+.tandem.v1.UpdateActorResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x12\x1f\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x13\n\x0bupdate_rows\x18\x04 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"2\n\x0fTrainSftRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\"\x96\x01\n\x10TrainSftResponse\x12\x39\n\x07metrics\x18\x01 \x03(\x0b\x32(.tandem.v1.TrainSftResponse.MetricsEntry\x12\x17\n\x0fweights_version\x18\x02 \x01(\x03\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x15\n\x13SetReferenceRequest\"\x16\n\x14SetReferenceResponse2\x91\x08\n\x0c\x41\x63torService\x12U\n\x0e\x43omputeLogProb\x12 .tandem.v1.ComputeLogProbRequest\x1a!.tandem.v1.ComputeLogProbResponse\x12L\n\x0bUpdateActor\x12\x1d.tandem.v1.UpdateActorRequest\x1a\x1e.tandem.v1.UpdateActorResponse\x12\x43\n\x08TrainSft\x12\x1a.tandem.v1.TrainSftRequest\x1a\x1b.tandem.v1.TrainSftResponse\x12O\n\x0cSetReference\x12\x1e.tandem.v1.SetReferenceRequest\x1a\x1f.tandem.v1.SetReferenceResponse\x12\x61\n\x12GetWeightsManifest\x12$.tandem.v1.GetWeightsManifestRequest\x1a%.tandem.v1.GetWeightsManifestResponse\x12T\n\rStreamWeights\x12\x1f.tandem.v1.StreamWeightsRequest\x1a .tandem.v1.StreamWeightsResponse0\x01\x12O\n\x0cShareWeights\x12\x1e.tandem.v1.ShareWeightsRequest\x1a\x1f.tandem.v1.ShareWeightsResponse\x12U\n\x0eReleaseWeights\x12 .tandem.v1.ReleaseWeightsRequest\x1a!.tandem.v1.ReleaseWeightsResponse\x12X\n\x0fJoinWeightGroup\x12!.tandem.v1.JoinWeightGroupRequest\x1a\".tandem.v1.JoinWeightGroupResponse\x12]\n\x10\x42roadcastWeights\x12\".tandem.v1.BroadcastWeightsRequest\x1a#.tandem.v1.BroadcastWeightsResponse0\x01\x12U\n\x0eSaveCheckpoint\x12 .tandem.v1.SaveCheckpointRequest\x1a!.tandem.v1.SaveCheckpointResponse\x12U\n\x0eLoadCheckpoint\x12 .tandem.v1.LoadCheckpointRequest\x1a!.tandem.v1.LoadCheckpointResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,30 +38,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_TRAINSFTRESPONSE_METRICSENTRY']._loaded_options = None
   _globals['_TRAINSFTRESPONSE_METRICSENTRY']._serialized_options = b'8\001'
-  _globals['_COMPUTELOGPROBREQUEST']._serialized_start=108
-  _globals['_COMPUTELOGPROBREQUEST']._serialized_end=259
-  _globals['_COMPUTELOGPROBRESPONSE']._serialized_start=261
-  _globals['_COMPUTELOGPROBRESPONSE']._serialized_end=318
-  _globals['_COMPUTEREFLOGPROBREQUEST']._serialized_start=320
-  _globals['_COMPUTEREFLOGPROBREQUEST']._serialized_end=379
-  _globals['_COMPUTEREFLOGPROBRESPONSE']._serialized_start=381
-  _globals['_COMPUTEREFLOGPROBRESPONSE']._serialized_end=441
-  _globals['_UPDATEACTORREQUEST']._serialized_start=443
-  _globals['_UPDATEACTORREQUEST']._serialized_end=558
-  _globals['_UPDATEACTORRESPONSE']._serialized_start=561
-  _globals['_UPDATEACTORRESPONSE']._serialized_end=750
-  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_start=704
-  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_end=750
-  _globals['_TRAINSFTREQUEST']._serialized_start=752
-  _globals['_TRAINSFTREQUEST']._serialized_end=802
-  _globals['_TRAINSFTRESPONSE']._serialized_start=805
-  _globals['_TRAINSFTRESPONSE']._serialized_end=955
-  _globals['_TRAINSFTRESPONSE_METRICSENTRY']._serialized_start=704
-  _globals['_TRAINSFTRESPONSE_METRICSENTRY']._serialized_end=750
-  _globals['_SETREFERENCEREQUEST']._serialized_start=957
-  _globals['_SETREFERENCEREQUEST']._serialized_end=978
-  _globals['_SETREFERENCERESPONSE']._serialized_start=980
-  _globals['_SETREFERENCERESPONSE']._serialized_end=1002
-  _globals['_ACTORSERVICE']._serialized_start=1005
-  _globals['_ACTORSERVICE']._serialized_end=2142
+  _globals['_ROWS']._serialized_start=107
+  _globals['_ROWS']._serialized_end=195
+  _globals['_KEPTROWS']._serialized_start=197
+  _globals['_KEPTROWS']._serialized_end=234
+  _globals['_COMPUTELOGPROBREQUEST']._serialized_start=237
+  _globals['_COMPUTELOGPROBREQUEST']._serialized_end=365
+  _globals['_COMPUTELOGPROBRESPONSE']._serialized_start=367
+  _globals['_COMPUTELOGPROBRESPONSE']._serialized_end=445
+  _globals['_UPDATEACTORREQUEST']._serialized_start=447
+  _globals['_UPDATEACTORREQUEST']._serialized_end=531
+  _globals['_UPDATEACTORRESPONSE']._serialized_start=534
+  _globals['_UPDATEACTORRESPONSE']._serialized_end=744
+  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_start=698
+  _globals['_UPDATEACTORRESPONSE_METRICSENTRY']._serialized_end=744
+  _globals['_TRAINSFTREQUEST']._serialized_start=746
+  _globals['_TRAINSFTREQUEST']._serialized_end=796
+  _globals['_TRAINSFTRESPONSE']._serialized_start=799
+  _globals['_TRAINSFTRESPONSE']._serialized_end=949
+  _globals['_TRAINSFTRESPONSE_METRICSENTRY']._serialized_start=698
+  _globals['_TRAINSFTRESPONSE_METRICSENTRY']._serialized_end=744
+  _globals['_SETREFERENCEREQUEST']._serialized_start=951
+  _globals['_SETREFERENCEREQUEST']._serialized_end=972
+  _globals['_SETREFERENCERESPONSE']._serialized_start=974
+  _globals['_SETREFERENCERESPONSE']._serialized_end=996
+  _globals['_ACTORSERVICE']._serialized_start=999
+  _globals['_ACTORSERVICE']._serialized_end=2040
 # @@protoc_insertion_point(module_scope)

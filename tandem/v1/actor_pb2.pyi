@@ -4,57 +4,57 @@ from tandem.v1 import weights_pb2 as _weights_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class ComputeLogProbRequest(_message.Message):
-    __slots__ = ("batch", "calculate_entropy", "with_reference", "policy_from_row", "kept_rows")
+class Rows(_message.Message):
+    __slots__ = ("batch", "kept")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    batch: _data_pb2.Batch
+    kept: KeptRows
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., kept: _Optional[_Union[KeptRows, _Mapping]] = ...) -> None: ...
+
+class KeptRows(_message.Message):
+    __slots__ = ("key", "rows")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    rows: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, key: _Optional[str] = ..., rows: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ComputeLogProbRequest(_message.Message):
+    __slots__ = ("rows", "calculate_entropy", "with_reference", "before_update")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
-    POLICY_FROM_ROW_FIELD_NUMBER: _ClassVar[int]
-    KEPT_ROWS_FIELD_NUMBER: _ClassVar[int]
-    batch: _data_pb2.Batch
+    BEFORE_UPDATE_FIELD_NUMBER: _ClassVar[int]
+    rows: Rows
     calculate_entropy: bool
     with_reference: bool
-    policy_from_row: int
-    kept_rows: str
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., policy_from_row: _Optional[int] = ..., kept_rows: _Optional[str] = ...) -> None: ...
+    before_update: bool
+    def __init__(self, rows: _Optional[_Union[Rows, _Mapping]] = ..., calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., before_update: _Optional[bool] = ...) -> None: ...
 
 class ComputeLogProbResponse(_message.Message):
-    __slots__ = ("batch",)
+    __slots__ = ("batch", "update_rows")
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ROWS_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
-
-class ComputeRefLogProbRequest(_message.Message):
-    __slots__ = ("batch",)
-    BATCH_FIELD_NUMBER: _ClassVar[int]
-    batch: _data_pb2.Batch
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
-
-class ComputeRefLogProbResponse(_message.Message):
-    __slots__ = ("batch",)
-    BATCH_FIELD_NUMBER: _ClassVar[int]
-    batch: _data_pb2.Batch
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+    update_rows: int
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., update_rows: _Optional[int] = ...) -> None: ...
 
 class UpdateActorRequest(_message.Message):
-    __slots__ = ("batch", "on_policy", "on_policy_rows", "kept_rows")
+    __slots__ = ("rows", "batch")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
-    ON_POLICY_FIELD_NUMBER: _ClassVar[int]
-    ON_POLICY_ROWS_FIELD_NUMBER: _ClassVar[int]
-    KEPT_ROWS_FIELD_NUMBER: _ClassVar[int]
+    rows: Rows
     batch: _data_pb2.Batch
-    on_policy: bool
-    on_policy_rows: int
-    kept_rows: str
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., on_policy: _Optional[bool] = ..., on_policy_rows: _Optional[int] = ..., kept_rows: _Optional[str] = ...) -> None: ...
+    def __init__(self, rows: _Optional[_Union[Rows, _Mapping]] = ..., batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
 
 class UpdateActorResponse(_message.Message):
-    __slots__ = ("metrics", "weights_version", "batch")
+    __slots__ = ("metrics", "weights_version", "batch", "update_rows")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -65,10 +65,12 @@ class UpdateActorResponse(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     WEIGHTS_VERSION_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    UPDATE_ROWS_FIELD_NUMBER: _ClassVar[int]
     metrics: _containers.ScalarMap[str, float]
     weights_version: int
     batch: _data_pb2.Batch
-    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ...) -> None: ...
+    update_rows: int
+    def __init__(self, metrics: _Optional[_Mapping[str, float]] = ..., weights_version: _Optional[int] = ..., batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., update_rows: _Optional[int] = ...) -> None: ...
 
 class TrainSftRequest(_message.Message):
     __slots__ = ("batch",)

@@ -42,11 +42,6 @@ class ActorServiceStub:
                 request_serializer=tandem_dot_v1_dot_actor__pb2.ComputeLogProbRequest.SerializeToString,
                 response_deserializer=tandem_dot_v1_dot_actor__pb2.ComputeLogProbResponse.FromString,
                 _registered_method=True)
-        self.ComputeRefLogProb = channel.unary_unary(
-                '/tandem.v1.ActorService/ComputeRefLogProb',
-                request_serializer=tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbRequest.SerializeToString,
-                response_deserializer=tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbResponse.FromString,
-                _registered_method=True)
         self.UpdateActor = channel.unary_unary(
                 '/tandem.v1.ActorService/UpdateActor',
                 request_serializer=tandem_dot_v1_dot_actor__pb2.UpdateActorRequest.SerializeToString,
@@ -109,14 +104,7 @@ class ActorServiceServicer:
     """
 
     def ComputeLogProb(self, request, context):
-        """Log-probs of the response tokens under the current policy.
-        """
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def ComputeRefLogProb(self, request, context):
-        """Log-probs of the response tokens under the frozen reference policy.
+        """Log-probs of the response tokens under the current policy (and the frozen reference).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -211,11 +199,6 @@ def add_ActorServiceServicer_to_server(servicer, server):
                     request_deserializer=tandem_dot_v1_dot_actor__pb2.ComputeLogProbRequest.FromString,
                     response_serializer=tandem_dot_v1_dot_actor__pb2.ComputeLogProbResponse.SerializeToString,
             ),
-            'ComputeRefLogProb': grpc.unary_unary_rpc_method_handler(
-                    servicer.ComputeRefLogProb,
-                    request_deserializer=tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbRequest.FromString,
-                    response_serializer=tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbResponse.SerializeToString,
-            ),
             'UpdateActor': grpc.unary_unary_rpc_method_handler(
                     servicer.UpdateActor,
                     request_deserializer=tandem_dot_v1_dot_actor__pb2.UpdateActorRequest.FromString,
@@ -300,33 +283,6 @@ class ActorService:
             '/tandem.v1.ActorService/ComputeLogProb',
             tandem_dot_v1_dot_actor__pb2.ComputeLogProbRequest.SerializeToString,
             tandem_dot_v1_dot_actor__pb2.ComputeLogProbResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def ComputeRefLogProb(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/tandem.v1.ActorService/ComputeRefLogProb',
-            tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbRequest.SerializeToString,
-            tandem_dot_v1_dot_actor__pb2.ComputeRefLogProbResponse.FromString,
             options,
             channel_credentials,
             insecure,

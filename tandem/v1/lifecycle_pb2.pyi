@@ -7,12 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ConfigureRequest(_message.Message):
-    __slots__ = ("run_id", "config_yaml")
+    __slots__ = ("run_id", "config_yaml", "protocol")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     CONFIG_YAML_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     config_yaml: str
-    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ...) -> None: ...
+    protocol: int
+    def __init__(self, run_id: _Optional[str] = ..., config_yaml: _Optional[str] = ..., protocol: _Optional[int] = ...) -> None: ...
 
 class ConfigureResponse(_message.Message):
     __slots__ = ("run_id", "pids", "ranks_restarted")
@@ -53,7 +55,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("role", "run_id", "world_size", "pids", "tensor_parallel", "pipeline_parallel", "expert_parallel", "tensor_bytes", "interrupted")
+    __slots__ = ("role", "run_id", "world_size", "pids", "tensor_parallel", "pipeline_parallel", "expert_parallel", "tensor_bytes", "interrupted", "protocol")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +65,7 @@ class DescribeResponse(_message.Message):
     EXPERT_PARALLEL_FIELD_NUMBER: _ClassVar[int]
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_FIELD_NUMBER: _ClassVar[int]
     role: str
     run_id: str
     world_size: int
@@ -72,4 +75,5 @@ class DescribeResponse(_message.Message):
     expert_parallel: int
     tensor_bytes: int
     interrupted: bool
-    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., world_size: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., expert_parallel: _Optional[int] = ..., tensor_bytes: _Optional[int] = ..., interrupted: _Optional[bool] = ...) -> None: ...
+    protocol: int
+    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., world_size: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., expert_parallel: _Optional[int] = ..., tensor_bytes: _Optional[int] = ..., interrupted: _Optional[bool] = ..., protocol: _Optional[int] = ...) -> None: ...

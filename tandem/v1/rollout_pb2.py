@@ -26,7 +26,7 @@ from tandem.v1 import data_pb2 as tandem_dot_v1_dot_data__pb2
 from tandem.v1 import weights_pb2 as tandem_dot_v1_dot_weights__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tandem/v1/rollout.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\x1a\x17tandem/v1/weights.proto\"\xfc\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x0e\n\x06greedy\x18\x08 \x01(\x08\x12\x12\n\nrow_offset\x18\t \x01(\x03\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x04\n\x02_nB\x07\n\x05_seed\"\x9b\x01\n\x18GenerateSequencesRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12\x31\n\x0flog_probs_after\x18\x03 \x01(\x0b\x32\x18.tandem.v1.LogProbsAfter\"[\n\rLogProbsAfter\x12\x19\n\x11\x63\x61lculate_entropy\x18\x01 \x01(\x08\x12\x16\n\x0ewith_reference\x18\x02 \x01(\x08\x12\x17\n\x0fpolicy_from_row\x18\x03 \x01(\x03\"O\n\x19GenerateSequencesResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x11\n\tkept_rows\x18\x02 \x01(\t\"{\n\x12SyncWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12-\n\ttransport\x18\x03 \x01(\x0e\x32\x1a.tandem.v1.WeightTransport\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\xa2\x02\n\x13SyncWeightsResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12-\n\ttransport\x18\x02 \x01(\x0e\x32\x1a.tandem.v1.WeightTransport\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x05 \x01(\x01\x12@\n\tbreakdown\x18\x06 \x03(\x0b\x32-.tandem.v1.SyncWeightsResponse.BreakdownEntry\x12\x15\n\rbuffer_opened\x18\x07 \x01(\x08\x1a\x30\n\x0e\x42reakdownEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetWeightsDigestRequest\"\xa3\x01\n\x18GetWeightsDigestResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12?\n\x06sha256\x18\x02 \x03(\x0b\x32/.tandem.v1.GetWeightsDigestResponse.Sha256Entry\x1a-\n\x0bSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x9b\x02\n\x0eRolloutService\x12^\n\x11GenerateSequences\x12#.tandem.v1.GenerateSequencesRequest\x1a$.tandem.v1.GenerateSequencesResponse\x12L\n\x0bSyncWeights\x12\x1d.tandem.v1.SyncWeightsRequest\x1a\x1e.tandem.v1.SyncWeightsResponse\x12[\n\x10GetWeightsDigest\x12\".tandem.v1.GetWeightsDigestRequest\x1a#.tandem.v1.GetWeightsDigestResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tandem/v1/rollout.proto\x12\ttandem.v1\x1a\x14tandem/v1/data.proto\x1a\x17tandem/v1/weights.proto\"\xfc\x01\n\x0eSamplingParams\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0e\n\x01n\x18\x05 \x01(\x05H\x03\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x04\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x07 \x03(\x05\x12\x0e\n\x06greedy\x18\x08 \x01(\x08\x12\x12\n\nrow_offset\x18\t \x01(\x03\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x04\n\x02_nB\x07\n\x05_seed\"\x8b\x01\n\x18GenerateSequencesRequest\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12+\n\x08sampling\x18\x02 \x01(\x0b\x32\x19.tandem.v1.SamplingParams\x12!\n\x04keep\x18\x03 \x01(\x0b\x32\x13.tandem.v1.KeepRows\"T\n\x08KeepRows\x12\x19\n\x11\x63\x61lculate_entropy\x18\x01 \x01(\x08\x12\x16\n\x0ewith_reference\x18\x02 \x01(\x08\x12\x15\n\rbefore_update\x18\x03 \x01(\x08\"O\n\x19GenerateSequencesResponse\x12\x1f\n\x05\x62\x61tch\x18\x01 \x01(\x0b\x32\x10.tandem.v1.Batch\x12\x11\n\tkept_rows\x18\x02 \x01(\t\"{\n\x12SyncWeightsRequest\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12\x0e\n\x06source\x18\x02 \x01(\t\x12-\n\ttransport\x18\x03 \x01(\x0e\x32\x1a.tandem.v1.WeightTransport\x12\r\n\x05\x66orce\x18\x04 \x01(\x08\"\xa2\x02\n\x13SyncWeightsResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12-\n\ttransport\x18\x02 \x01(\x0e\x32\x1a.tandem.v1.WeightTransport\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\x12\x18\n\x10transfer_seconds\x18\x05 \x01(\x01\x12@\n\tbreakdown\x18\x06 \x03(\x0b\x32-.tandem.v1.SyncWeightsResponse.BreakdownEntry\x12\x15\n\rbuffer_opened\x18\x07 \x01(\x08\x1a\x30\n\x0e\x42reakdownEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"\x19\n\x17GetWeightsDigestRequest\"\xa3\x01\n\x18GetWeightsDigestResponse\x12\x17\n\x0fweights_version\x18\x01 \x01(\x03\x12?\n\x06sha256\x18\x02 \x03(\x0b\x32/.tandem.v1.GetWeightsDigestResponse.Sha256Entry\x1a-\n\x0bSha256Entry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x32\x9b\x02\n\x0eRolloutService\x12^\n\x11GenerateSequences\x12#.tandem.v1.GenerateSequencesRequest\x1a$.tandem.v1.GenerateSequencesResponse\x12L\n\x0bSyncWeights\x12\x1d.tandem.v1.SyncWeightsRequest\x1a\x1e.tandem.v1.SyncWeightsResponse\x12[\n\x10GetWeightsDigest\x12\".tandem.v1.GetWeightsDigestRequest\x1a#.tandem.v1.GetWeightsDigestResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,23 +40,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLINGPARAMS']._serialized_start=86
   _globals['_SAMPLINGPARAMS']._serialized_end=338
   _globals['_GENERATESEQUENCESREQUEST']._serialized_start=341
-  _globals['_GENERATESEQUENCESREQUEST']._serialized_end=496
-  _globals['_LOGPROBSAFTER']._serialized_start=498
-  _globals['_LOGPROBSAFTER']._serialized_end=589
-  _globals['_GENERATESEQUENCESRESPONSE']._serialized_start=591
-  _globals['_GENERATESEQUENCESRESPONSE']._serialized_end=670
-  _globals['_SYNCWEIGHTSREQUEST']._serialized_start=672
-  _globals['_SYNCWEIGHTSREQUEST']._serialized_end=795
-  _globals['_SYNCWEIGHTSRESPONSE']._serialized_start=798
-  _globals['_SYNCWEIGHTSRESPONSE']._serialized_end=1088
-  _globals['_SYNCWEIGHTSRESPONSE_BREAKDOWNENTRY']._serialized_start=1040
-  _globals['_SYNCWEIGHTSRESPONSE_BREAKDOWNENTRY']._serialized_end=1088
-  _globals['_GETWEIGHTSDIGESTREQUEST']._serialized_start=1090
-  _globals['_GETWEIGHTSDIGESTREQUEST']._serialized_end=1115
-  _globals['_GETWEIGHTSDIGESTRESPONSE']._serialized_start=1118
-  _globals['_GETWEIGHTSDIGESTRESPONSE']._serialized_end=1281
-  _globals['_GETWEIGHTSDIGESTRESPONSE_SHA256ENTRY']._serialized_start=1236
-  _globals['_GETWEIGHTSDIGESTRESPONSE_SHA256ENTRY']._serialized_end=1281
-  _globals['_ROLLOUTSERVICE']._serialized_start=1284
-  _globals['_ROLLOUTSERVICE']._serialized_end=1567
+  _globals['_GENERATESEQUENCESREQUEST']._serialized_end=480
+  _globals['_KEEPROWS']._serialized_start=482
+  _globals['_KEEPROWS']._serialized_end=566
+  _globals['_GENERATESEQUENCESRESPONSE']._serialized_start=568
+  _globals['_GENERATESEQUENCESRESPONSE']._serialized_end=647
+  _globals['_SYNCWEIGHTSREQUEST']._serialized_start=649
+  _globals['_SYNCWEIGHTSREQUEST']._serialized_end=772
+  _globals['_SYNCWEIGHTSRESPONSE']._serialized_start=775
+  _globals['_SYNCWEIGHTSRESPONSE']._serialized_end=1065
+  _globals['_SYNCWEIGHTSRESPONSE_BREAKDOWNENTRY']._serialized_start=1017
+  _globals['_SYNCWEIGHTSRESPONSE_BREAKDOWNENTRY']._serialized_end=1065
+  _globals['_GETWEIGHTSDIGESTREQUEST']._serialized_start=1067
+  _globals['_GETWEIGHTSDIGESTREQUEST']._serialized_end=1092
+  _globals['_GETWEIGHTSDIGESTRESPONSE']._serialized_start=1095
+  _globals['_GETWEIGHTSDIGESTRESPONSE']._serialized_end=1258
+  _globals['_GETWEIGHTSDIGESTRESPONSE_SHA256ENTRY']._serialized_start=1213
+  _globals['_GETWEIGHTSDIGESTRESPONSE_SHA256ENTRY']._serialized_end=1258
+  _globals['_ROLLOUTSERVICE']._serialized_start=1261
+  _globals['_ROLLOUTSERVICE']._serialized_end=1544
 # @@protoc_insertion_point(module_scope)

@@ -31,24 +31,24 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., n: _Optional[int] = ..., seed: _Optional[int] = ..., stop_token_ids: _Optional[_Iterable[int]] = ..., greedy: _Optional[bool] = ..., row_offset: _Optional[int] = ...) -> None: ...
 
 class GenerateSequencesRequest(_message.Message):
-    __slots__ = ("batch", "sampling", "log_probs_after")
+    __slots__ = ("batch", "sampling", "keep")
     BATCH_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
-    LOG_PROBS_AFTER_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
     batch: _data_pb2.Batch
     sampling: SamplingParams
-    log_probs_after: LogProbsAfter
-    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., log_probs_after: _Optional[_Union[LogProbsAfter, _Mapping]] = ...) -> None: ...
+    keep: KeepRows
+    def __init__(self, batch: _Optional[_Union[_data_pb2.Batch, _Mapping]] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., keep: _Optional[_Union[KeepRows, _Mapping]] = ...) -> None: ...
 
-class LogProbsAfter(_message.Message):
-    __slots__ = ("calculate_entropy", "with_reference", "policy_from_row")
+class KeepRows(_message.Message):
+    __slots__ = ("calculate_entropy", "with_reference", "before_update")
     CALCULATE_ENTROPY_FIELD_NUMBER: _ClassVar[int]
     WITH_REFERENCE_FIELD_NUMBER: _ClassVar[int]
-    POLICY_FROM_ROW_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_UPDATE_FIELD_NUMBER: _ClassVar[int]
     calculate_entropy: bool
     with_reference: bool
-    policy_from_row: int
-    def __init__(self, calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., policy_from_row: _Optional[int] = ...) -> None: ...
+    before_update: bool
+    def __init__(self, calculate_entropy: _Optional[bool] = ..., with_reference: _Optional[bool] = ..., before_update: _Optional[bool] = ...) -> None: ...
 
 class GenerateSequencesResponse(_message.Message):
     __slots__ = ("batch", "kept_rows")

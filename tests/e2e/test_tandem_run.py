@@ -21,11 +21,11 @@ TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_
         # SFT's dev-accuracy stop, evaluated at steps 2 and 3 and never reached: all 3 steps run
         "trainer.sft.stop_at_accuracy=0.99", "trainer.sft.eval_freq=2", "trainer.sft.dev_size=16"]
 STEPS = 2
-STEP_KEYS = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "response_length/mean", "timing_s/step"]
+STEP_KEYS = ["actor/pg_loss", "actor/ppo_kl", "critic/score/mean", "response_length/mean", "timing_s/step",
+             "training/rollout_probs_diff_max"]
 
 CASES = {
-    "grpo_colocated": (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated",
-                        "services.freeze_gc=true"],  # ranks freeze what their calls leave alive
+    "grpo_colocated": (["algorithm.adv_estimator=grpo", "actor_rollout_ref.rollout.mode=colocated"],
                        {"actor", "reward"}),
     "ppo_standalone": (["algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone"],
                        {"actor", "reward", "rollout", "critic"}),

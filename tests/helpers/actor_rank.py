@@ -1,18 +1,19 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
 usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
-                             [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...] [--on-policy]
-                             [--grouped]
+                             [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...]
+                             [--grouped] [--own-prompts]
 
 All ranks build the actor exactly as the service does (ActorWorker + RankGroup); rank 0
-drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches),
-log-probs after, the new weights as a Hugging Face export, and a checkpoint. Without
+drives the front door: log-probs of a fixed batch, one PPO update (two mini-batches; the old
+log-probs it computed itself, the first mini-batch's, written as "update_old"), log-probs after,
+the new weights as a Hugging Face export, and a checkpoint. Without
 --init-from it first saves its initial weights to OUT/init (a random init differs across
 pipeline stages, so PP layouts start from TP=1's). With --load-from it loads that
 checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
-A failure raises (non-zero exit). --on-policy: the update is UpdateActor(on_policy) (one
-mini-batch: it sets ppo_mini_batch_size=4), whose own old log-probs are written as "on_policy_old".
---grouped: the batch's rows share prompts in pairs (the rollout's n=2 samples).
+A failure raises (non-zero exit).
+--grouped: the batch's rows share prompts in pairs (the rollout's n=2 samples); --own-prompts: each row
+still runs its own copy of its prompt (the reference for the actor's prompt sharing).
 --set adds config overrides (e.g. a Hugging Face model.path);
 ACTOR_RANK_OVERRIDES (space-separated key=value) adds more when running it by hand.
 """
@@ -61,11 +62,9 @@ def parse_args():
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
     p.add_argument("--load-from")
-    p.add_argument("--on-policy", action="store_true")
     p.add_argument("--grouped", action="store_true", help="rows share prompts in pairs (fixed_batch)")
+    p.add_argument("--own-prompts", action="store_true", help="every row runs its own copy of its prompt")
     a = p.parse_args()
-    if a.on_policy:  # 4 prompts x n=2 = the whole batch in one mini-batch
-        a.set.append("actor_rollout_ref.actor.ppo_mini_batch_size=4")
     return a
 
 
@@ -105,16 +104,12 @@ def exercise(actor, a, batch, advantages) -> dict:
             actor.save(os.path.join(a.out, "init"))
         old = actor.compute_log_prob(batch, calculate_entropy=True)
         result["before"] = old["old_log_probs"]
-        if a.on_policy:
-            from tandem.data.batch import DataProto
-
-            train = batch.union(DataProto(tensors={"advantages": advantages}))
-            result["metrics"], on_policy_old = actor.update_actor_on_policy(train)
-            result["on_policy_old"] = on_policy_old["old_log_probs"]
-        else:
-            train = batch.union(old)
-            train.tensors["advantages"] = advantages
-            result["metrics"] = actor.update_actor(train)
+        train = batch.union(old.select(tensor_keys=["old_log_probs"]))
+        train.tensors["advantages"] = advantages
+        update = actor.update_actor(train)
+        result["metrics"], result["update_rows"] = update.metrics, update.update_rows
+        if update.old_log_probs is not None:  # the first update_rows rows' from the update's own forward
+            result["update_old"] = update.old_log_probs["old_log_probs"]
     result["log_probs"] = actor.compute_log_prob(batch)["old_log_probs"]
     if a.pp == 1:  # (HF export gathers TP shards only; a PP run's weights are compared after a reload)
         actor.export_hf(os.path.join(a.out, "hf"))
@@ -138,6 +133,7 @@ def main() -> int:
                      seed=1)
     tokenizer = AutoTokenizer.from_pretrained(a.tok)
     worker = ActorWorker(cfg, len(tokenizer))
+    worker.share_prompts = worker.share_prompts and not a.own_prompts
     norms = [p for n, p in worker.policy.named_parameters() if "layernorm" in n]
     assert worker.policy.config.sequence_parallel == a.sp and all(p.sequence_parallel == a.sp for p in norms)
     group = RankGroup({"actor": worker})

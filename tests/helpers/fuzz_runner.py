@@ -1,16 +1,17 @@
 """Sends hypothesis-generated cases (fuzz_strategies.py) to running services (fuzz_targets.py)
 and records what came back: statuses per RPC, unexpected ones, services that died.
 
-`FuzzRun.run(n)` drives hypothesis for about `n` requests (a case for RolloutService goes to the
-colocated and the standalone rollout), checking every `check_every` requests that each service
-process is alive and SERVING. The test asserts on the record; the bench prints it.
+`FuzzRun.run(n)` drives hypothesis for about `n` requests, an equal share for each RPC (a case for
+RolloutService goes to the colocated and the standalone rollout), checking every `check_every`
+requests that each service process is alive and SERVING. The test asserts on the record; the bench
+prints it.
 """
 from __future__ import annotations
 
 import warnings
 from collections import Counter, defaultdict
 
-from fuzz_strategies import Case, cases
+from fuzz_strategies import Case, cases, rpcs
 from fuzz_targets import Targets, allowed, roles_for
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis.errors import HypothesisWarning
@@ -33,19 +34,21 @@ class FuzzRun:
 
     def run(self, requests: int) -> None:
         self.check()  # the valid seeds answered: every service is up before the first case
-        strategy = cases(self.seeds, self.paths, self.targets.vocab)
+        names = [r.name for r in rpcs()]
+        for name in names:  # one share each: every RPC is fuzzed whatever hypothesis's draws
+            self._run(cases(self.seeds, self.paths, self.targets.vocab, only=name), -(-requests // len(names)))
+        self.check()
 
+    def _run(self, strategy, examples: int) -> None:
         @seed(self.seed)
-        @settings(max_examples=requests, deadline=None, database=None, phases=[Phase.generate],
+        @settings(max_examples=examples, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
         @given(case=strategy)
         def one(case: Case) -> None:
-            if self.crashed or self.sent >= requests:
-                return
-            self.send(case)
+            if not self.crashed:
+                self.send(case)
 
         one()
-        self.check()
 
     def send(self, case: Case) -> None:
         self.cases.append(case)

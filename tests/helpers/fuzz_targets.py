@@ -86,11 +86,12 @@ class Targets:
         seq = gen.select(tensor_keys=SEQ_KEYS)
         seq.meta = {"temperature": 0.7, "rollout_n": 2}
         pb_seq = codec.encode_batch(seq)
+        rows = actor_pb2.Rows(batch=pb_seq)
         old = codec.decode_batch(self._call("actor", "/tandem.v1.ActorService/ComputeLogProb",
-                                            actor_pb2.ComputeLogProbRequest(batch=pb_seq),
+                                            actor_pb2.ComputeLogProbRequest(rows=rows),
                                             actor_pb2.ComputeLogProbResponse).batch)["old_log_probs"]
         gen_adv = torch.randn(old.shape, generator=torch.Generator().manual_seed(0))
-        update = DataProto(tensors={**seq.tensors, "old_log_probs": old, "advantages": gen_adv}, meta=seq.meta)
+        update = DataProto(tensors={"old_log_probs": old, "advantages": gen_adv})
         critic = DataProto(tensors={**seq.tensors, "values": torch.zeros_like(old), "returns": gen_adv},
                            meta=seq.meta)
         sft = DataProto(tensors={"input_ids": seq["input_ids"], "attention_mask": seq["attention_mask"],
@@ -102,9 +103,9 @@ class Targets:
         ckpt = self.checkpoints()
         self.checkpoints("pristine")
         return {
-            "ActorService.ComputeLogProb": actor_pb2.ComputeLogProbRequest(batch=pb_seq, calculate_entropy=True),
-            "ActorService.ComputeRefLogProb": actor_pb2.ComputeRefLogProbRequest(batch=pb_seq),
-            "ActorService.UpdateActor": actor_pb2.UpdateActorRequest(batch=codec.encode_batch(update)),
+            "ActorService.ComputeLogProb": actor_pb2.ComputeLogProbRequest(rows=rows, calculate_entropy=True,
+                                                                           with_reference=True, before_update=True),
+            "ActorService.UpdateActor": actor_pb2.UpdateActorRequest(rows=rows, batch=codec.encode_batch(update)),
             "ActorService.TrainSft": actor_pb2.TrainSftRequest(batch=codec.encode_batch(sft)),
             "ActorService.SetReference": actor_pb2.SetReferenceRequest(),
             "ActorService.GetWeightsManifest": weights_pb2.GetWeightsManifestRequest(),

@@ -1,6 +1,7 @@
 """The actor at TP=2, DP=2, PP=2 and TP=2 x PP=2 (gloo processes) against TP=1, through the
 service's own front door and rank group: same log-probs, same weights after one PPO update
-(two mini-batches), and checkpoints that reshard between TP=2 / PP=2 and TP=1.
+(two mini-batches), and checkpoints that reshard between TP=2 / PP=2 and TP=1. At every layout
+the update's own forward gives the first mini-batch's old log-probs bit for bit as the pass does.
 Every layout starts from TP=1's initial weights (a random init differs across stages)."""
 import pytest
 import torch
@@ -28,6 +29,8 @@ def test_same_update_as_tp1(runs, arithmetic_tokenizer_dir, run_ranks, name):
     tmp, results = runs
     (ref, ref_dir), (got, got_dir) = results["tp1"], results[name]
     torch.testing.assert_close(got["before"], ref["before"], atol=1e-5, rtol=0)
+    assert got["update_rows"] == ref["update_rows"] == 4  # the first mini-batch: 2 prompts x n=2
+    assert torch.equal(got["update_old"], got["before"])  # its own forward = the pass, bit for bit
     if LAYOUTS[name][2] > 1:  # HF export gathers TP only: compare the PP run's weights reloaded at TP=1
         _, got_dir = run_layout(run_ranks, tmp, f"load_{name}_at_tp1", arithmetic_tokenizer_dir, 1, 1, 1,
                                 load_from=got_dir / "ckpt")

@@ -1,4 +1,4 @@
-"""actor_rollout_ref.actor.share_prompts at TP=1, TP=2, TP=2 with sequence parallelism and PP=2
+"""The actor's prompt sharing (each prompt run once for its rows) at TP=1, TP=2, TP=2 with sequence parallelism and PP=2
 (gloo processes, the service's own front door and rank group) against the rows run with their
 own prompts at TP=1: same log-probs before and after one PPO update (two mini-batches, three
 rows per micro-batch, so groups are split across micro-batches too), same metrics and weights.
@@ -7,14 +7,13 @@ import pytest
 import torch
 from actor_runs import assert_same_weights, hf_weights, run_actor
 
-SHARE = ["actor_rollout_ref.actor.share_prompts=true"]
 LAYOUTS = {"tp1": (1, 1, 1, False), "tp2": (2, 2, 1, False), "tp2sp": (2, 2, 1, True), "pp2": (2, 1, 2, False)}
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, arithmetic_tokenizer_dir, run_ranks):
     tmp = tmp_path_factory.mktemp("shared_prompts")
-    ref = run_actor(run_ranks, tmp, "own_prompts", arithmetic_tokenizer_dir, 1, 1, grouped=True)
+    ref = run_actor(run_ranks, tmp, "own_prompts", arithmetic_tokenizer_dir, 1, 1, grouped=True, own_prompts=True)
     return tmp, ref
 
 
@@ -23,7 +22,7 @@ def test_same_update_as_own_prompts(runs, arithmetic_tokenizer_dir, run_ranks, n
     tmp, (ref, ref_dir) = runs
     world, tp, pp, sp = LAYOUTS[name]
     got, got_dir = run_actor(run_ranks, tmp, name, arithmetic_tokenizer_dir, world, tp, pp, sp=sp,
-                             init_from=ref_dir / "init", settings=SHARE, grouped=True)
+                             init_from=ref_dir / "init", grouped=True)
     torch.testing.assert_close(got["before"], ref["before"], atol=1e-5, rtol=0)
     torch.testing.assert_close(got["log_probs"], ref["log_probs"], atol=1e-5, rtol=0)
     if pp > 1:  # HF export gathers TP only: compare the PP run's weights reloaded at TP=1

@@ -36,13 +36,26 @@ def bad_sequence_batches(services, seq: DataProto) -> list[tuple[str, DataProto,
     ]
 
 
+UPDATE_KEYS = ("advantages", "old_log_probs", "ref_log_prob", "rollout_log_probs")
+
+
+async def update(actor, batch: DataProto):
+    """UpdateActor on `batch`'s rows with its per-row training tensors."""
+    rows = batch.select(tensor_keys=[k for k in batch.tensors if k not in UPDATE_KEYS])
+    return await actor.update_actor(rows, batch.select(tensor_keys=[k for k in batch.tensors if k in UPDATE_KEYS]))
+
+
+async def log_probs(actor, batch: DataProto, **kw) -> torch.Tensor:
+    return (await actor.compute_log_prob(batch, **kw))[0]["old_log_probs"]
+
+
 def test_actor_compute_log_prob_bad_inputs(services):
     async def main():
         actor = services.client("actor")
         rollout = services.client("rollout", "actor")  # colocated: the actor serves RolloutService
         gen = await sampled_batch(services, rollout)
         seq = services.sequences(gen)
-        good = (await actor.compute_log_prob(seq))["old_log_probs"]
+        good = await log_probs(actor, seq)
         m = gen["response_mask"].bool()
         # correct output: the rollout's log-probs of the same weights at the same temperature.
         # (The 1e-5 acceptance bound is tests/unit/test_generation.py; this large-init model
@@ -53,15 +66,15 @@ def test_actor_compute_log_prob_bad_inputs(services):
         cases = bad_sequence_batches(services, seq) + [("temperature 0", bad_temp, ("'temperature'",))]
         for what, batch, frags in cases:
             await services.expect_error(actor.compute_log_prob(batch), INVALID, "ComputeLogProb", *frags)
-            again = (await actor.compute_log_prob(seq))["old_log_probs"]
-            assert torch.equal(again, good), f"after {what}"
-        # the reference model takes the same checks
-        await services.expect_error(actor.compute_ref_log_prob(cases[0][1]), INVALID, "'input_ids'")
+            assert torch.equal(await log_probs(actor, seq), good), f"after {what}"
+        # the reference's pass takes the same checks
+        await services.expect_error(actor.compute_log_prob(cases[0][1], with_reference=True, before_update=True),
+                                    INVALID, "'input_ids'")
 
         err = await services.raw_call(services.endpoints["actor"], "/tandem.v1.ActorService/ComputeLogProb", services.garbage())
         assert err.code() == INVALID
         assert "could not be parsed as tandem.v1.ComputeLogProbRequest" in err.details()
-        assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], good)
+        assert torch.equal(await log_probs(actor, seq), good)
         await actor.close()
         await rollout.close()
 
@@ -74,25 +87,28 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
         rollout = services.client("rollout", "actor")
         gen = await sampled_batch(services, rollout)
         seq = services.sequences(gen)
-        lp0 = (await actor.compute_log_prob(seq))["old_log_probs"]
+        lp0 = await log_probs(actor, seq)
         version0 = await actor.weights_version()
         adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(0))
-        train = services.with_tensor(services.with_tensor(seq, "old_log_probs", lp0), "advantages", adv)
+        train = services.with_tensor(seq, "advantages", adv)  # one mini-batch: the update's own old log-probs
 
         nan_adv = adv.clone()
         nan_adv[1, 2] = float("nan")
-        cases = [(what, services.with_tensor(services.with_tensor(b, "old_log_probs", lp0), "advantages", adv), frags)
+        cases = [(what, services.with_tensor(b, "advantages", adv), frags)
                  for what, b, frags in bad_sequence_batches(services, seq)] + [
-            ("missing old_log_probs", services.with_tensor(train, "old_log_probs", None), ("'old_log_probs'", "missing")),
-            ("missing advantages", services.with_tensor(train, "advantages", None), ("'advantages'",)),
+            ("missing advantages", seq, ("'advantages'",)),
             ("advantages float64", services.with_tensor(train, "advantages", adv.double()), ("'advantages'", "float64")),
             ("advantages wrong shape", services.with_tensor(train, "advantages", adv[:, :-1]), ("'advantages'", "shape")),
             ("advantages NaN", services.with_tensor(train, "advantages", nan_adv), ("'advantages'", "NaN")),
             ("one row for two DP ranks", train.slice(0, 1), ("1 rows", "2 data-parallel ranks")),
         ]
         for what, batch, frags in cases:
-            await services.expect_error(actor.update_actor(batch), INVALID, "UpdateActor", *frags)
-            assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0), f"after {what}"
+            await services.expect_error(update(actor, batch), INVALID, "UpdateActor", *frags)
+            assert torch.equal(await log_probs(actor, seq), lp0), f"after {what}"
+        await services.expect_error(actor.update_actor(seq, DataProto(tensors={"advantages": adv[:4]})), INVALID,
+                                    "UpdateActor", "batch: 4 rows for the 8 rows sent")
+        await services.expect_error(actor.update_actor(seq, DataProto(tensors={"advantages": adv, "values": adv})),
+                                    INVALID, "UpdateActor", "batch: carries ['values']")
 
         missing = str(tmp_path / "no_such_dir" / "actor")
         await services.expect_error(actor.load_checkpoint(missing), grpc.StatusCode.NOT_FOUND, "path", "no_such_dir")
@@ -103,73 +119,45 @@ def test_actor_update_bad_inputs_and_missing_checkpoint_leave_state_intact(servi
         assert err.code() == INVALID and "UpdateActorRequest" in err.details()
 
         # state intact: same log-probs, same weights version after all the failed calls
-        assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0)
+        assert torch.equal(await log_probs(actor, seq), lp0)
         assert await actor.weights_version() == version0
-        # ... and the next good update works, on-policy
-        metrics, version = await actor.update_actor(train)
-        assert version == version0 + 1
+        # ... and the next good update works, its old log-probs its own forward's: the pass's, bit for bit
+        metrics, version, old, own = await update(actor, train)
+        assert version == version0 + 1 and own == 8 and torch.equal(old["old_log_probs"], lp0)
         assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
-        assert not torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0)
+        assert not torch.equal(await log_probs(actor, seq), lp0)
         await actor.close()
         await rollout.close()
 
     asyncio.run(main())
 
 
-def test_actor_on_policy_update_bad_inputs_then_the_old_log_probs_of_a_separate_pass(services):
-    """UpdateActor(on_policy) at DP=2: refused with old_log_probs in the batch or with more rows
-    than one mini-batch (state intact); accepted, it returns the old log-probs that
-    ComputeLogProb gives, bit for bit, and ppo_kl is 0."""
+def test_actor_first_mini_batch_from_the_update_at_dp2(services):
+    """Two mini-batches (16 rows) at DP=2: a pass before_update leaves the first mini-batch's old
+    log-probs to the update, the reference still takes every row; an update without the later rows'
+    old log-probs is refused with state intact; the good one returns the full pass's, bit for bit."""
     async def main():
         actor = services.client("actor")
         rollout = services.client("rollout", "actor")
-        seq = services.sequences(await sampled_batch(services, rollout))  # 4 prompts x 2 = one mini-batch
-        lp0 = (await actor.compute_log_prob(seq))["old_log_probs"]
-        version0 = await actor.weights_version()
+        seq = services.sequences(await sampled_batch(services, rollout))
         adv = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(1))
-        train = services.with_tensor(seq, "advantages", adv)
-        twice = DataProto.concat([train, train])  # 16 rows: two mini-batches of 4 prompts x 2
-        twice.meta = dict(train.meta)
-        cases = [("old_log_probs sent", services.with_tensor(train, "old_log_probs", lp0), ("on_policy", "old_log_probs")),
-                 ("two mini-batches", twice, ("on_policy", "16 rows in mini-batches of 8")),
-                 ("missing advantages", seq, ("'advantages'", "missing"))]
-        for what, batch, frags in cases:
-            await services.expect_error(actor.update_actor_on_policy(batch), INVALID, "UpdateActor", *frags)
-            assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], lp0), f"after {what}"
-        assert await actor.weights_version() == version0
-        metrics, version, old = await actor.update_actor_on_policy(train)
-        assert version == version0 + 1 and metrics["actor/ppo_kl"] == 0.0
-        assert torch.equal(old["old_log_probs"], lp0)
-        await _first_mini_batch_from_the_update(services, actor, twice, version + 1)
+        twice = DataProto.concat([services.with_tensor(seq, "advantages", adv)] * 2)  # mini-batches of 4 prompts x 2
+        twice.meta = dict(seq.meta)
+        version0 = await actor.weights_version()
+        lp = await log_probs(actor, twice)
+        part, skipped = await actor.compute_log_prob(twice, with_reference=True, before_update=True)
+        assert skipped == 8 and torch.equal(part["old_log_probs"][8:], lp[8:])
+        assert torch.equal(part["old_log_probs"][:8], torch.zeros_like(lp[:8]))
+        assert torch.equal(part["ref_log_prob"], (await actor.compute_log_prob(twice, with_reference=True))[0]["ref_log_prob"])
+        await services.expect_error(update(actor, twice), INVALID, "UpdateActor",
+                                    "tensor 'old_log_probs': required for rows 8..15")
+        assert await actor.weights_version() == version0 and torch.equal(await log_probs(actor, twice), lp)
+        metrics, v, old, own = await update(actor, services.with_tensor(twice, "old_log_probs", part["old_log_probs"]))
+        assert v == version0 + 1 and own == 8 and torch.equal(old["old_log_probs"], lp)  # the first 8 its own
         await actor.close()
         await rollout.close()
 
     asyncio.run(main())
-
-
-async def _first_mini_batch_from_the_update(services, actor, twice, version):
-    """Two mini-batches (16 rows): the first one's old log-probs left to the update (policy_from_row,
-    on_policy_rows); bad requests refused with state intact, then a good one."""
-    lp = (await actor.compute_log_prob(twice))["old_log_probs"]
-    part = (await actor.compute_log_prob(twice, policy_from_row=8))["old_log_probs"]
-    assert torch.equal(part[8:], lp[8:]) and torch.equal(part[:8], torch.zeros_like(part[:8]))
-    both = await actor.compute_log_prob(twice, with_reference=True, policy_from_row=8)  # both passes, one read-back
-    assert torch.equal(both["old_log_probs"], part)
-    assert torch.equal(both["ref_log_prob"], (await actor.compute_ref_log_prob(twice))["ref_log_prob"])
-    train = services.with_tensor(twice, "old_log_probs", part)
-    await services.expect_error(actor.compute_log_prob(twice, policy_from_row=3), INVALID, "ComputeLogProb",
-                                "policy_from_row: 3 is not a whole number of mini-batches of 8")
-    for rows, batch, frags in [(4, train, ("on_policy_rows: 4 rows of 16", "(8 rows")),
-                               (8, twice, ("missing tensor 'old_log_probs'",))]:
-        await services.expect_error(actor.update_actor_on_policy(batch, rows=rows), INVALID, "UpdateActor", *frags)
-    bare = actor_pb2.UpdateActorRequest(batch=codec.encode_batch(train), on_policy_rows=8)  # without on_policy
-    err = await services.raw_call(services.endpoints["actor"], "/tandem.v1.ActorService/UpdateActor",
-                                  bare.SerializeToString())
-    assert err.code() == INVALID and "on_policy_rows: set only with on_policy" in err.details()
-    assert await actor.weights_version() == version - 1
-    assert torch.equal((await actor.compute_log_prob(twice))["old_log_probs"], lp)
-    metrics, v, old = await actor.update_actor_on_policy(train, rows=8)
-    assert v == version and torch.equal(old["old_log_probs"], lp)  # the first 8 rows' from the update's forward
 
 
 def test_rollout_generate_bad_inputs(services):

@@ -87,7 +87,7 @@ async def _authorised_call(services, role: str) -> None:
         assert gen["responses"].shape == (4, 3)
         if role == "actor":
             async with services.client("actor") as actor:
-                assert (await actor.compute_log_prob(services.sequences(gen)))["old_log_probs"].shape == (4, 3)
+                assert (await actor.compute_log_prob(services.sequences(gen)))[0]["old_log_probs"].shape == (4, 3)
         if role == "critic":
             async with services.client("critic") as critic:
                 assert (await critic.compute_values(services.sequences(gen)))["values"].shape == (4, 3)

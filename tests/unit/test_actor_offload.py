@@ -59,7 +59,7 @@ def grpo_step(front, rollout, tokenizer, seed: int, seen: dict | None = None) ->
     batch = batch.union(front.compute_ref_log_prob(seq))
     record("ref_log_probs")
     batch.tensors["advantages"] = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(seed))
-    metrics = front.update_actor(batch)
+    metrics = front.update_actor(batch).metrics
     record("train")
     return metrics
 
@@ -231,7 +231,8 @@ def test_an_on_policy_update_runs_in_the_train_phase_and_matches_offload_off(meg
         seq.meta = {"temperature": 1.0, "rollout_n": N}
         batch = seq.union(front.compute_ref_log_prob(seq))
         batch.tensors["advantages"] = torch.randn(seq["responses"].shape, generator=torch.Generator().manual_seed(3))
-        metrics, old = front.update_actor_on_policy(batch)
+        metrics, old, own = front.update_actor(batch)
+        assert own == len(seq)
         where = front.local.memory.where()  # before the export's own phase
         results.append((metrics, old["old_log_probs"], front.export_weights(), where))
     (m_off, old_off, w_off, _), (m_on, old_on, w_on, where_on) = results

@@ -1,7 +1,7 @@
-"""On-policy updates (UpdateActor with on_policy): the update's own forward pass gives the old
-log-probs. Same metrics, same new weights and the same old log-probs, bit for bit, as a
-ComputeLogProb pass followed by a normal update; refused where rows would be trained on newer
-weights than the ones that sampled them."""
+"""The rows an update trains on the weights that generated them take its own forward's old log-probs
+(ActorFront.update_rows: every row of one mini-batch, else the first mini-batch, unshuffled, one
+epoch): a log-prob pass `before_update` leaves them out, and the update's own numbers are bit for
+bit the pass's, so the update equals one on a full pass's old log-probs; bad requests change nothing."""
 import pytest
 import torch
 from actor_runs import MEMORY_METRICS
@@ -9,6 +9,8 @@ from test_actor_worker import generate, make_worker, weights
 
 from tandem.data.batch import DataProto
 from tandem.rpc.errors import InvalidArgument
+
+TWO_MINIS = "actor_rollout_ref.actor.ppo_mini_batch_size=2"  # 2 prompts x n=2: mini-batches of 4 of 8 rows
 
 
 def deterministic(metrics: dict) -> dict:
@@ -21,43 +23,51 @@ def with_advantages(seq, seed=0):
     return seq.union(DataProto(tensors={"advantages": adv}))
 
 
-def test_on_policy_update_equals_a_log_prob_pass_then_an_update(megatron_dist, arithmetic_tokenizer):
-    # 8 rows in micro-batches of 3 (3, 3, 2): the per-row outputs are put back together in order
-    a, b = make_worker(arithmetic_tokenizer), make_worker(arithmetic_tokenizer)
+@pytest.mark.parametrize("extra,rows", [((), 8), ((TWO_MINIS,), 4), ((TWO_MINIS, "actor_rollout_ref.actor.shuffle=true"), 0),
+                                        (("actor_rollout_ref.actor.ppo_epochs=2",), 0)])
+def test_which_rows_the_update_computes_itself(megatron_dist, arithmetic_tokenizer, extra, rows):
+    w = make_worker(arithmetic_tokenizer, *extra)
+    seq = generate(w, arithmetic_tokenizer)
+    assert w.update_rows(seq) == rows
+    out, skipped = w.log_probs(seq, with_reference=True, before_update=True)
+    full = w.compute_log_prob(seq, with_reference=True)
+    assert skipped == rows and torch.equal(out["old_log_probs"][:rows], torch.zeros(rows, seq["responses"].shape[1]))
+    assert torch.equal(out["old_log_probs"][rows:], full["old_log_probs"][rows:])
+    assert torch.equal(out["ref_log_prob"], full["ref_log_prob"])  # the reference takes every row
+    assert w.log_probs(seq, before_update=False)[1] == 0
+
+
+@pytest.mark.parametrize("extra", [(), (TWO_MINIS,)])
+def test_the_updates_own_old_log_probs_are_a_full_passes(megatron_dist, arithmetic_tokenizer, extra):
+    a, b = make_worker(arithmetic_tokenizer, *extra), make_worker(arithmetic_tokenizer, *extra)
     b.local.policy.load_state_dict(a.local.policy.state_dict())  # in place: the optimizer's params
     b.set_reference()
-    assert all(torch.equal(x, y) for x, y in zip(weights(a).values(), weights(b).values()))
     seq = generate(a, arithmetic_tokenizer)
-    batch = with_advantages(seq)
-    old = a.compute_log_prob(seq)
-    metrics_a = a.update_actor(batch.union(old))
-    metrics_b, old_b = b.update_actor_on_policy(batch)
-    assert torch.equal(old_b["old_log_probs"], old["old_log_probs"])
-    assert deterministic(metrics_b) == deterministic(metrics_a) and metrics_b["actor/ppo_kl"] == 0.0
+    full = a.compute_log_prob(seq)
+    part, own = b.log_probs(seq, before_update=True)
+    ua = a.update_actor(with_advantages(seq).union(full))  # the pass's numbers for the own rows too
+    ub = b.update_actor(with_advantages(seq).union(part) if own < len(seq) else with_advantages(seq))
+    assert ua.update_rows == ub.update_rows == own > 0
+    assert torch.equal(ub.old_log_probs["old_log_probs"], full["old_log_probs"])  # its own forward = the pass
+    assert torch.equal(ua.old_log_probs["old_log_probs"], full["old_log_probs"])
+    assert deterministic(ub.metrics) == deterministic(ua.metrics)
+    if own == len(seq):
+        assert ub.metrics["actor/ppo_kl"] == 0.0  # one mini-batch: every row on the weights that generated it
     wa, wb = weights(a), weights(b)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
-    assert b.weights_version == a.weights_version == 1
-    # and again from the new weights (the optimizer state came along too)
-    seq2 = generate(a, arithmetic_tokenizer, seed=8)
-    assert torch.equal(seq2["responses"], generate(b, arithmetic_tokenizer, seed=8)["responses"])
-    batch2 = with_advantages(seq2, seed=1)
-    metrics_a = a.update_actor(batch2.union(a.compute_log_prob(seq2)))
-    metrics_b, _ = b.update_actor_on_policy(batch2)
-    assert deterministic(metrics_b) == deterministic(metrics_a)
-    wa, wb = weights(a), weights(b)
-    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa) and a.weights_version == b.weights_version == 1
 
 
-@pytest.mark.parametrize("extra,text", [
-    (["actor_rollout_ref.actor.ppo_mini_batch_size=2"], "8 rows in mini-batches of 4"),
-    (["actor_rollout_ref.actor.ppo_epochs=2"], "ppo_epochs=2"),
-])
-def test_on_policy_is_refused_where_rows_meet_newer_weights(megatron_dist, arithmetic_tokenizer, extra, text):
-    w = make_worker(arithmetic_tokenizer, *extra)
-    batch = with_advantages(generate(w, arithmetic_tokenizer))
+def test_several_epochs_compute_no_old_log_probs_and_return_none(megatron_dist, arithmetic_tokenizer):
+    w = make_worker(arithmetic_tokenizer, "actor_rollout_ref.actor.ppo_epochs=2")
+    seq = generate(w, arithmetic_tokenizer)
+    up = w.update_actor(with_advantages(seq).union(w.compute_log_prob(seq)))
+    assert up.update_rows == 0 and up.old_log_probs is None and w.weights_version == 1
+
+
+def test_the_rows_after_update_rows_need_old_log_probs(megatron_dist, arithmetic_tokenizer):
+    w = make_worker(arithmetic_tokenizer, TWO_MINIS)
     before = weights(w)
-    with pytest.raises(InvalidArgument) as e:
-        w.update_actor_on_policy(batch)
-    assert str(e.value).startswith("on_policy:") and text in str(e.value)
+    with pytest.raises(InvalidArgument, match=r"tensor 'old_log_probs': required for rows 4\.\.7"):
+        w.update_actor(with_advantages(generate(w, arithmetic_tokenizer)))
     after = weights(w)
     assert w.weights_version == 0 and all(torch.equal(before[k], after[k]) for k in before)

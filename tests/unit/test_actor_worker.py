@@ -66,9 +66,10 @@ def test_first_minibatch_is_exactly_on_policy(worker, arithmetic_tokenizer):
     assert len(seq) == len(TEXTS) * N
     before = weights(worker)
     batch = training_batch(worker, seq)
-    metrics = worker.update_actor(batch)
-    # ppo_mini_batch_size (4) x rollout n (2) = 8 rows = the whole batch, one epoch:
-    # the metrics come from the first mini-batch only, recomputed with the old weights
+    first = worker.update_actor(batch)
+    metrics = first.metrics
+    # ppo_mini_batch_size (4) x rollout n (2) = 8 rows = the whole batch, one epoch: the old
+    # log-probs are the update's own forward's, on the weights before it
     assert metrics["actor/ppo_kl"] == 0.0
     assert metrics["actor/pg_clipfrac"] == 0.0
     assert metrics["actor/pg_clipfrac_lower"] == 0.0
@@ -78,15 +79,18 @@ def test_first_minibatch_is_exactly_on_policy(worker, arithmetic_tokenizer):
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, "update_actor did not change any weight"
     assert any("decoder.layers" in k for k in changed) and any("output_layer" in k for k in changed)
-    # a second update on the same (now stale) batch is off-policy: ppo_kl is no longer 0
-    assert worker.update_actor(batch)["actor/ppo_kl"] != 0.0
+    # a second update on the same batch: old log-probs are the policy's before each update (verl's
+    # recomputed old_log_prob), so they are the new weights' now
+    second = worker.update_actor(batch)
+    assert second.metrics["actor/ppo_kl"] == 0.0
+    assert not torch.equal(second.old_log_probs["old_log_probs"], first.old_log_probs["old_log_probs"])
 
 
 def test_two_minibatches_second_is_off_policy(megatron_dist, arithmetic_tokenizer):
     """Control for the test above: with 2 mini-batches the averaged ppo_kl includes a
     mini-batch computed after an optimizer step, so it is not 0."""
     w = make_worker(arithmetic_tokenizer, "actor_rollout_ref.actor.ppo_mini_batch_size=2")
-    metrics = w.update_actor(training_batch(w, generate(w, arithmetic_tokenizer)))
+    metrics = w.update_actor(training_batch(w, generate(w, arithmetic_tokenizer))).metrics
     assert metrics["actor/ppo_kl"] != 0.0
 
 
@@ -159,7 +163,7 @@ def test_gspo_loss_mode_on_policy_and_trains(megatron_dist, arithmetic_tokenizer
     batch = seq.union(w.compute_log_prob(seq))
     batch.tensors["advantages"] = torch.full(seq["responses"].shape, 0.5)
     before = weights(w)
-    metrics = w.update_actor(batch)
+    metrics = w.update_actor(batch).metrics
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
     # every token's loss is -A * s with s == 1 on-policy (metrics average micro-batches)
     assert abs(metrics["actor/pg_loss"] - (-0.5)) < 1e-6

@@ -147,7 +147,7 @@ def test_an_update_on_token_budgets_equals_one_on_rows(megatron_dist, arithmetic
         calls.clear()
         batch = training_batch(worker, seq)
         ref = worker.compute_ref_log_prob(seq)["ref_log_prob"]
-        metrics = worker.update_actor(batch)
+        metrics = worker.update_actor(batch).metrics
         out[name] = (seq, batch["old_log_probs"], ref, metrics, weights(worker), list(calls))
     (s1, old1, ref1, m1, w1, c1), (s2, old2, ref2, m2, w2, c2) = out["rows"], out["tokens"]
     assert torch.equal(s1["input_ids"], s2["input_ids"]) and torch.equal(s1["responses"], s2["responses"])

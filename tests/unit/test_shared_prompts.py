@@ -54,14 +54,16 @@ def test_layout():
 
 def _run(model, mb, packing):  # noqa: F811
     from tandem.config import ActorConfig
-    from tandem.train.losses import ppo_actor_loss
+    from tandem.data.batch import DataProto
+    from tandem.train.losses import ON_POLICY_ROW, ppo_actor_loss
 
+    mb = mb.union(DataProto(tensors={ON_POLICY_ROW: torch.ones(len(mb), dtype=torch.bool)}))  # its own old log-probs
     packing.keep_responses(RW)
     dev = torch.device("cpu")
     model.zero_grad(set_to_none=True)
     with packed_rope(model, packing, dev), selected_outputs(model, packing, dev):
         out = model(packing.pack(mb["input_ids"]), None, None, packed_seq_params=packing.params(dev))
-    loss_fn = functools.partial(ppo_actor_loss, cfg=ActorConfig(entropy_coeff=0.01), temperature=0.7, on_policy=True)
+    loss_fn = functools.partial(ppo_actor_loss, cfg=ActorConfig(entropy_coeff=0.01), temperature=0.7)
     loss, _, metrics = loss_fn(PackedOutput(out, packing), mb)
     loss.backward()
     return out.shape[1], loss.detach(), metrics, {n: q.grad.clone() for n, q in model.named_parameters()}

@@ -39,7 +39,7 @@ def test_every_verl_key_at_its_default_is_honoured_or_mapped():
     assert not t.problems, t.problems[:5]  # no key unknown, no default refused
     assert kinds(t)[HONOURED] > 300 and kinds(t)[MAPPED] > 100
     # a mapped key at verl's default gets a notice only when it sets a Tandem key
-    assert len(t.notices) == len([o for o in t.of_kind(MAPPED) if o.updates]) == 6, t.notices
+    assert len(t.notices) == len([o for o in t.of_kind(MAPPED) if o.updates]) == 5, t.notices
 
 
 def test_every_rule_is_reached_by_a_verl_key_and_tandem_keys_are_never_shadowed():
@@ -168,7 +168,6 @@ def test_mappings_set_tandem_keys_and_explicit_keys_win(tmp_path, monkeypatch):
     assert (cfg.services.actor.world_size, cfg.services.critic.world_size, cfg.services.rollout.world_size) == (2, 2, 1)
     assert cfg.actor_rollout_ref.rollout.max_batch_size == 64 and (cfg.trainer.save_freq, cfg.trainer.test_freq) == (0, 0)
     assert cfg.actor_rollout_ref.actor.tis_imp_ratio_cap == 3.0 and cfg.data.seed == 1
-    assert cfg.actor_rollout_ref.actor.share_prompts is True
     cfg = load_config(None, ["trainer.n_gpus_per_node=4", "services.actor.world_size=2"])
     assert cfg.services.actor.world_size == 2
     # ref.megatron.* must be the actor's (the reference lives in the actor service)

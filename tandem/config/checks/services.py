@@ -1,5 +1,4 @@
-"""Checks of services.<role>: the bind address, TLS files and the bearer token's source (and the
-actor's generation_torch_threads).
+"""Checks of services.<role>: the bind address, TLS files and the bearer token's source.
 
 Files are checked where they are named (a service started here needs its certificate and key; a
 caller needs the CA, and its own certificate for mutual TLS). The token is looked for, never read
@@ -23,8 +22,7 @@ def _check_file(path: str | None, key: str, required: bool, why: str = "") -> No
 
 
 def check_services(cfg: TandemConfig) -> None:
-    """services.<role>.{host, tls.*, auth.*} for every role, services.actor.generation_torch_threads."""
-    _check_generation_threads(cfg)
+    """services.<role>.{host, tls.*, auth.*} for every role."""
     for role in ROLES:
         key = f"services.{role}"
         s = getattr(cfg.services, role)
@@ -55,13 +53,3 @@ def check_services(cfg: TandemConfig) -> None:
     check(cache is None or os.path.isabs(cache), "services.compile_cache_dir",
           f"must be an absolute path (services run in their own working directories), got {cache!r}")
 
-
-def _check_generation_threads(cfg: TandemConfig) -> None:
-    n = cfg.services.actor.generation_torch_threads
-    if n is None:
-        return
-    key = "services.actor.generation_torch_threads"
-    check(not isinstance(n, bool) and isinstance(n, int) and n >= 1, key, f"must be a whole number >= 1, got {n!r}")
-    check(cfg.actor_rollout_ref.rollout.mode == "colocated", key,
-          "applies to the colocated rollout only (actor_rollout_ref.rollout.mode=colocated); "
-          "a standalone rollout has services.rollout.torch_threads")
