@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import sys
 
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
     from tandem.controller.recovery import RunStopped
     from tandem.controller.reward_calls import RewardFailure
     from tandem.controller.run import run
+    from tandem.rpc.errors import TandemError
 
     interrupt.install()  # SIGTERM stops the run as Ctrl-C does, within a deadline
     try:
@@ -77,7 +79,12 @@ def main(argv=None) -> int:
     except ConfigError as e:  # found once the data is read (trainer.sft.dev_size)
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
-    except RewardFailure as e:
+    except (RewardFailure, TandemError) as e:  # e.g. RESOURCE_EXHAUSTED: no room for a checkpoint
+        print(f"tandem: run failed: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         print(f"tandem: run failed: {e}", file=sys.stderr)
         return 1
     keys = ("val_accuracy_init", "sft_steps", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain",
