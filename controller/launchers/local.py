@@ -24,8 +24,9 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from tandem.controller.launchers import LaunchContext, Launcher, log_tail
+from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
+from tandem.controller.launchers.start_failure import start_failed
 from tandem.logging import get_logger
 from tandem.rpc.server import PARENT_PID_ENV
 
@@ -77,15 +78,15 @@ class LocalLauncher(Launcher):
             for role in list(pending):
                 proc, port_file = self.processes[role], self._port_file(role)
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"last lines of {self.logs[role]}:\n{log_tail(self.logs[role])}")
+                    raise start_failed(role, f"exited with code {proc.returncode}", self.logs[role])
                 if os.path.exists(port_file):
                     with open(port_file) as f:
                         endpoints[role] = f"{connect_host(self._host(role))}:{int(f.read().strip())}"
                     pending.discard(role)
             if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"services {sorted(pending)} not serving after "
-                                   f"{self.ctx.startup_timeout_s:g}s; see {self._logs_dir}")
+                role = sorted(pending)[0]
+                raise start_failed(role, f"not serving after services.startup_timeout_s="
+                                   f"{self.ctx.startup_timeout_s:g}", self.logs[role])
             await asyncio.sleep(0.2)
         return endpoints
 

@@ -90,12 +90,14 @@ def _serve(ns) -> int:
 
 
 def _submit(client: ControllerClient, ns) -> int:
-    args = list(ns.args)
-    path = args.pop(0) if args and "=" not in args[0] else None
+    from tandem.config import ConfigError
+    from tandem.controller.command_line import split_args
+
     try:
+        path, args = split_args(ns.args)
         text = open(path).read() if path else ""
-    except OSError as e:
-        print(f"tandem submit: cannot read {path}: {e}", file=sys.stderr)
+    except (ConfigError, OSError) as e:
+        print(f"tandem submit: config error: {e}", file=sys.stderr)
         return 2
     record = client.submit(text, args, source=path or "")
     print(record["id"])

@@ -29,6 +29,7 @@ import psutil
 from tandem.controller.clients import LifecycleClient, release_now
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import long_lived_argv, service_env, service_of
+from tandem.controller.launchers.start_failure import start_failed
 from tandem.logging import get_logger
 from tandem.rpc.errors import TandemError
 
@@ -129,8 +130,8 @@ class ServicePool:
                 if role in found:
                     continue
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"see {os.path.join(self.dir, role + '.log')}")
+                    raise start_failed(role, f"exited with code {proc.returncode}",
+                                       os.path.join(self.dir, f"{role}.log"))
                 if os.path.exists(self._port_file(role)):
                     with open(self._port_file(role)) as f:
                         found[role] = f"127.0.0.1:{int(f.read().strip())}"
