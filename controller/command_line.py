@@ -44,8 +44,9 @@ def split_args(args: list[str]) -> tuple[str | None, list[str]]:
 
 def check_before_start(cfg: TandemConfig) -> None:
     """What the config names, checked here, where the run's controller runs: the files it reads
-    (tandem/config/paths.py) and the custom reward function, imported once (its service would
-    find a broken file only after every other service had started)."""
+    (tandem/config/paths.py), the custom reward function, imported once (its service would find
+    a broken file only after every other service had started), and that no service it starts
+    would serve beyond loopback without a token (it would refuse to start)."""
     from tandem.config.paths import check_paths
     from tandem.reward.function_file import load_function
 
@@ -56,3 +57,29 @@ def check_before_start(cfg: TandemConfig) -> None:
             load_function(c.path, c.name)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+    problems = exposure_problems(cfg)
+    if problems:
+        raise ConfigError(problems[0] if len(problems) == 1 else
+                          f"{len(problems)} config problems:\n" + "\n".join(f"- {p}" for p in problems))
+
+
+def exposure_problems(cfg: TandemConfig) -> list[str]:
+    """A line for each service this run starts on an address beyond loopback (the Ray launcher's:
+    its node's) without a token, unless services.insecure."""
+    from tandem.controller.launchers.commands import service_of
+    from tandem.controller.roles import attach_endpoints, needed_roles
+    from tandem.rpc.exposure import exposure_problem
+
+    if cfg.trainer.launcher == "compose":  # compose starts them (deploy/compose.yaml says --insecure)
+        return []
+    started = sorted({service_of(r) for r, endpoint in attach_endpoints(cfg, needed_roles(cfg)).items()
+                      if not endpoint})
+    problems = []
+    for role in started:
+        s = getattr(cfg.services, role)
+        host = s.host if cfg.trainer.launcher != "ray" or s.host != "127.0.0.1" else "its Ray node's address"
+        why = exposure_problem(host, bool(s.auth.token_file or s.auth.token_env), cfg.services.insecure)
+        if why is not None:
+            problems.append(f"services.{role}.host: {why}: set services.{role}.auth.token_file (or .token_env), "
+                            "or services.insecure=true to serve without one")
+    return problems

@@ -2,8 +2,9 @@
 
 A service is started with controller/launchers/commands.py's command (`python -m
 tandem.services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
---run-id ID`, H = `services.<role>.host`); it binds a free port and writes it to the port file
-once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
+--run-id ID`, H = `services.<role>.host`, with `--allow-dir` for the directory of the run's own
+reward function and `--insecure` when `services.insecure`); it binds a free port and writes it to
+the port file once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
 session, so Ctrl-C reaches only the controller, which then stops them; a controller killed
 outright (SIGKILL, out of memory) cannot, so each service also stops itself once its parent is
 gone (TANDEM_PARENT_PID, tandem/rpc/server.py).
@@ -29,6 +30,7 @@ from tandem.controller.launchers.commands import connect_host, devices_env, serv
 from tandem.controller.launchers.start_failure import start_failed
 from tandem.logging import get_logger
 from tandem.rpc.server import PARENT_PID_ENV
+from tandem.serving.allowed_dirs import code_dirs
 
 _log = get_logger("controller.launchers.local")
 
@@ -56,8 +58,10 @@ class LocalLauncher(Launcher):
         if os.path.exists(port_file):
             os.unlink(port_file)
         log_path = os.path.join(self._logs_dir, f"{role}.log")
+        cfg = self.ctx.cfg
         cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
-                           run_id=self.ctx.run_id)
+                           run_id=self.ctx.run_id, allow_dirs=code_dirs(cfg) if cfg else (),
+                           insecure=bool(cfg and cfg.services.insecure))
         env = dict(os.environ, **service_env(), **devices_env(self.ctx.cfg, role))
         env[PARENT_PID_ENV] = str(os.getpid())  # it stops itself if we die without stopping it
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor

@@ -68,3 +68,6 @@ class ServicesConfig:
     compile_cache_dir: str | None = None
     # Tandem's: ranks gc.freeze() once built and after each call (tandem/serving/gc_pauses.py, README)
     freeze_gc: bool = False
+    # Tandem's: started services may serve beyond loopback without a bearer token (--insecure); without it
+    # such a service refuses to start (tandem/rpc/exposure.py)
+    insecure: bool = False

@@ -1,6 +1,7 @@
-"""`tandem run` with a bad file or argument stops before anything starts: exit 2, one line that names
-the problem (and the file, line and column for YAML), and no run directory (so no service was started:
-a run's services are started after its directory is made). main() runs in process."""
+"""`tandem run` with a bad file or argument (or a service it would start beyond loopback without a token)
+stops before anything starts: exit 2, one line that names the problem (and the file, line and column for
+YAML), and no run directory (so no service was started: a run's services are started after its
+directory is made). main() runs in process."""
 import pytest
 
 from tandem.controller.__main__ import main
@@ -33,6 +34,10 @@ CASES = {  # args (a file name of FILES is replaced by its path) -> the one line
                                    "'trainer.total_training_steps' is an override missing '=' (key=value), "
                                    "or a config file that does not exist"),
     "missing config file": (["nowhere.yaml"], "config file 'nowhere.yaml' does not exist"),
+    "a service beyond loopback without a token": (["services.reward.host=0.0.0.0"],
+                                                  "services.reward.host: 0.0.0.0 is reachable beyond loopback and no "
+                                                  "bearer token is set: set services.reward.auth.token_file (or "
+                                                  ".token_env), or services.insecure=true to serve without one"),
 }
 
 
