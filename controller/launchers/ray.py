@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import service_argv, service_env, service_of
 from tandem.controller.launchers.ray_rank import ServiceRank
+from tandem.controller.launchers.start_failure import ServiceStartFailed
 from tandem.logging import get_logger
 from tandem.serving.allowed_dirs import code_dirs
 
@@ -129,7 +130,8 @@ class RayLauncher(Launcher):
         try:
             return (await asyncio.gather(*starts))[0]
         except Exception as e:  # a RayTaskError wraps the actor's own message
-            raise RuntimeError(f"the {role} service did not start under Ray: {getattr(e, 'cause', None) or e}") from e
+            raise ServiceStartFailed(f"the {role} service failed to start under Ray: "
+                                     f"{getattr(e, 'cause', None) or e}") from e
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop each service's rank 0 first (it releases the other ranks), then the rest; remove the
