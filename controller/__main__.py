@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import sys
 
@@ -43,17 +44,14 @@ def main(argv=None) -> int:
         from tandem.reward.conformance import main_from_args
 
         return main_from_args(ns)
-    config_path = None
-    overrides = list(ns.args)
-    if overrides and "=" not in overrides[0]:
-        config_path = overrides.pop(0)
     from tandem.config import ConfigError, load_config_with_notices
-    from tandem.config.paths import check_paths
+    from tandem.controller.command_line import check_before_start, split_args
     from tandem.logging import configure_logging
 
     try:
+        config_path, overrides = split_args(ns.args)
         cfg, taken = load_config_with_notices(config_path, overrides)
-        check_paths(cfg)
+        check_before_start(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
@@ -61,9 +59,11 @@ def main(argv=None) -> int:
         print(f"tandem: {notice}", file=sys.stderr)
     configure_logging(role="controller", level="WARNING")
     from tandem.controller import interrupt
+    from tandem.controller.launchers.start_failure import ServiceStartFailed
     from tandem.controller.recovery import RunStopped
     from tandem.controller.reward_calls import RewardFailure
     from tandem.controller.run import run
+    from tandem.rpc.errors import TandemError
 
     interrupt.install()  # SIGTERM stops the run as Ctrl-C does, within a deadline
     try:
@@ -74,10 +74,18 @@ def main(argv=None) -> int:
     except RunStopped as e:
         print(f"tandem: run stopped: {e}", file=sys.stderr)
         return 1
+    except ServiceStartFailed as e:
+        print(f"tandem: {e}", file=sys.stderr)
+        return 1
     except ConfigError as e:  # found once the data is read (trainer.sft.dev_size)
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
-    except RewardFailure as e:
+    except (RewardFailure, TandemError) as e:  # e.g. RESOURCE_EXHAUSTED: no room for a checkpoint
+        print(f"tandem: run failed: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
         print(f"tandem: run failed: {e}", file=sys.stderr)
         return 1
     keys = ("val_accuracy_init", "sft_steps", "val_accuracy_after_sft", "val_accuracy_final", "rl_gain",

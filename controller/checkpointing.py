@@ -8,6 +8,8 @@ directory without it is incomplete and never resumed from. Saving into a directo
 holds a complete checkpoint first removes its controller_state.json, so a crash mid-save
 never leaves a marker beside half-replaced parts. A kill at any moment of a save leaves
 the previous checkpoint loadable (bench/checkpoint_kills.py kills saves at random moments).
+A save that fails (a full disk: RESOURCE_EXHAUSTED from a service, or found before it starts
+by `check_room`) removes its incomplete directory and raises.
 
 Deliberately not here: what the controller state holds (the Run's Stateful parts,
 controller/run.py); this module writes and reads the dict it is given.
@@ -19,7 +21,9 @@ import glob
 import json
 import os
 import re
+import shutil
 
+from tandem import checkpoint_room
 from tandem.checkpoint import DONE
 from tandem.config import ConfigError, TandemConfig
 from tandem.logging import get_logger
@@ -35,20 +39,40 @@ def step_dir(run_dir: str, step: int) -> str:
 
 async def save(roles, run_dir: str, state: dict) -> str:
     """Actor and critic, then `state` (the controller's, `global_step` included) as
-    controller_state.json -> the checkpoint directory."""
+    controller_state.json -> the checkpoint directory. ResourceExhausted before anything is
+    written when the disk has less room than the run's last checkpoint took; a save that fails
+    leaves no incomplete directory behind."""
     ckpt = step_dir(run_dir, state["global_step"])
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(ckpt, STATE_FILE))  # incomplete until the new one is written
-    await roles.actor.save_checkpoint(os.path.join(ckpt, "actor"))
-    if roles.critic is not None:
-        await roles.critic.save_checkpoint(os.path.join(ckpt, "critic"))
-    tmp = os.path.join(ckpt, STATE_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(ckpt, STATE_FILE))
+    check_room(run_dir, ckpt)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(ckpt, STATE_FILE))  # incomplete until the new one is written
+        await roles.actor.save_checkpoint(os.path.join(ckpt, "actor"))
+        if roles.critic is not None:
+            await roles.critic.save_checkpoint(os.path.join(ckpt, "critic"))
+        tmp = os.path.join(ckpt, STATE_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(ckpt, STATE_FILE))
+    except BaseException:
+        if not is_complete(ckpt):  # never resumed from: its parts only take the room
+            shutil.rmtree(ckpt, ignore_errors=True)
+        raise
     return ckpt
+
+
+def check_room(run_dir: str, ckpt: str) -> None:
+    """ResourceExhausted naming `ckpt` and both sizes when the free space where it goes is less
+    than the run's last complete checkpoint took (a save writes it whole before any old one goes)."""
+    last = latest(run_dir)
+    if last is None:
+        return  # the first save: each service checks the bytes it writes (tandem/checkpoint_room.py)
+    needed = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(last) for f in files)
+    free = checkpoint_room.free_bytes(ckpt)
+    if free < needed:
+        raise checkpoint_room.no_room(ckpt, needed, free, why=f" as the last one ({os.path.basename(last)}) did")
 
 
 def is_complete(ckpt: str) -> bool:

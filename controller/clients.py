@@ -13,6 +13,7 @@ from tandem.data import codec
 from tandem.data.batch import DataProto
 from tandem.rpc.client import ServiceClient
 from tandem.rpc.protocol import PROTOCOL
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.v1 import (
     actor_pb2,
     actor_pb2_grpc,
@@ -187,14 +188,14 @@ class LifecycleClient(ServiceClient):
                 "protocol": r.protocol}
 
 
-def release_now(endpoint: str, run_id: str, timeout_s: float) -> str:
+def release_now(endpoint: str, run_id: str, timeout_s: float, security: EndpointSecurity = PLAINTEXT) -> str:
     """LifecycleService.Release from synchronous code (a launcher's stop runs outside any
     event loop's reach) -> the released run id; the TandemError of a failed call."""
     import grpc
 
     from tandem.rpc.errors import error_from_rpc
 
-    with grpc.insecure_channel(endpoint) as channel:
+    with security.sync_channel(endpoint, []) as channel:
         try:
             r = lifecycle_pb2_grpc.LifecycleServiceStub(channel).Release(
                 lifecycle_pb2.ReleaseRequest(run_id=run_id), timeout=timeout_s)

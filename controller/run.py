@@ -66,9 +66,10 @@ class StepCounter:
 
 class Summary:
     """summary.json's values, filled in as the run goes. Stateful for the values a resumed
-    run still needs (the accuracy after SFT, which rl_gain is measured from)."""
+    run still needs: the accuracy after SFT (rl_gain is measured from it) and the warm start's
+    other facts, which a resumed run does not redo."""
 
-    RESUMED = ("val_accuracy_after_sft",)
+    RESUMED = ("val_accuracy_after_sft", "val_accuracy_init", "sft_steps", "sft_dev_accuracy")
 
     def __init__(self, **values) -> None:
         self.values = dict(values)

@@ -6,11 +6,13 @@ sink. Keys are verl's names (``actor/pg_loss``, ``critic/score/mean``,
 ``timing_s/step`` ...); this file does not invent or rename keys, it only picks
 a few of them for the one-line console summary (``CONSOLE_METRICS``).
 
-- ``jsonl``: one ``{"step": step, **metrics}`` line per call appended to
+- ``jsonl``: one ``{"step": step, **metrics}`` line per step in
   ``run_dir/metrics.jsonl``, flushed immediately so a crashed run keeps every
-  logged step (and a resumed run appends to the same file). ``rewind(step)``
-  (a run gone back to a checkpoint) drops the lines of later steps, so each
-  step has its lines once; TensorBoard hides their events (``purge_step``).
+  logged step (and a resumed run appends to the same file). A later call for a
+  step that has its line (the final validation after the last step, a restart
+  counted at the step the run went back to) is merged into that line (the file
+  is rewritten, rarely). ``rewind(step)`` (a run gone back to a checkpoint) drops
+  the lines of later steps; TensorBoard hides their events (``purge_step``).
 - ``tensorboard``: scalars under ``run_dir/tensorboard`` (torch's SummaryWriter,
   imported only when this sink is enabled).
 - ``console``: on a terminal, a rich progress bar (steps done/total, elapsed,
@@ -30,7 +32,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -82,6 +84,11 @@ def _step_of(line: str) -> int | None:
         return None
 
 
+def _merged(line: str, step: int, values: dict) -> str:
+    """`line` with `values` added when it is `step`'s."""
+    return json.dumps({**json.loads(line), **values}) + "\n" if _step_of(line) == step else line
+
+
 def _hms(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
 
@@ -127,6 +134,7 @@ class Tracking:
         os.makedirs(run_dir, exist_ok=True)
 
         self._jsonl = open(os.path.join(run_dir, METRICS_FILE), "a", encoding="utf-8") if "jsonl" in loggers else None
+        self._jsonl_steps = self._rewrite_jsonl(lambda lines: lines) if self._jsonl is not None else set()
         self._tb = None
         if "tensorboard" in loggers:
             from torch.utils.tensorboard import (
@@ -165,9 +173,12 @@ class Tracking:
         if "step" in metrics:
             raise ValueError("'step' is reserved for the step argument; do not put it in metrics")
         values = {key: _scalar(key, value) for key, value in metrics.items()}
-        if self._jsonl is not None:
+        if self._jsonl is not None and step in self._jsonl_steps:
+            self._rewrite_jsonl(lambda lines: [_merged(line, step, values) for line in lines])
+        elif self._jsonl is not None:
             self._jsonl.write(json.dumps({"step": step, **values}) + "\n")
             self._jsonl.flush()
+            self._jsonl_steps.add(step)
         if self._tb is not None:
             for key, value in values.items():
                 self._tb.add_scalar(key, value, global_step=step)
@@ -182,20 +193,26 @@ class Tracking:
     def rewind(self, step: int) -> None:
         """The run went back to `step` (a checkpoint): forget what was logged for later steps."""
         if self._jsonl is not None:
-            path = self._jsonl.name
-            self._jsonl.close()
-            with open(path, encoding="utf-8") as f:
-                kept = [line for line in f if _step_of(line) is not None and _step_of(line) <= step]
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                f.writelines(kept)
-            os.replace(path + ".tmp", path)
-            self._jsonl = open(path, "a", encoding="utf-8")
+            self._jsonl_steps = self._rewrite_jsonl(lambda lines: [x for x in lines if _step_of(x) <= step])
         if self._tb is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             log_dir = self._tb.log_dir
             self._tb.close()
             self._tb = SummaryWriter(log_dir=log_dir, purge_step=step + 1)
+
+    def _rewrite_jsonl(self, change: Callable[[list[str]], list[str]]) -> set[int]:
+        """metrics.jsonl's lines (a torn one, from a crash mid-write, dropped) through `change`,
+        written whole and swapped in -> the steps it then holds."""
+        path = self._jsonl.name
+        self._jsonl.close()
+        with open(path, encoding="utf-8") as f:
+            lines = change([line for line in f if _step_of(line) is not None])
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(lines)
+        os.replace(path + ".tmp", path)
+        self._jsonl = open(path, "a", encoding="utf-8")
+        return {_step_of(line) for line in lines}
 
     def _log_console(self, values: dict[str, int | float], step: int) -> None:
         assert self._console is not None

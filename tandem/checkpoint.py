@@ -1,10 +1,12 @@
 """Checkpoints: megatron-core dist_checkpointing directories, written atomically.
 
 Every rank writes its shards into `<path>.tmp`; once all have, rank 0 swaps the finished
-directory into place, so a crash mid-save leaves the previous checkpoint intact. Loading
-reshards: a checkpoint saved at one TP / DP layout loads at another; one of another model
-shape or another role is refused before anything is read (naming a tensor that does not
-fit), and so is one with a NaN or inf weight (naming it) before any is used.
+directory into place, so a crash mid-save leaves the previous checkpoint intact; a save that
+fails removes its `<path>.tmp`, and one that cannot fit is refused before it writes anything
+(tandem/checkpoint_room.py). Loading reshards: a checkpoint saved at one TP / DP layout loads
+at another; one of another model shape or another role is refused before anything is read
+(naming a tensor that does not fit), and so is one with a NaN or inf weight (naming it)
+before any is used.
 """
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ import shutil
 
 import torch
 import torch.distributed as dist
+
+from tandem import checkpoint_room
 
 DONE = "tandem_complete"  # written last: a directory without it is not a checkpoint
 
@@ -61,12 +65,23 @@ def save_sharded(state: dict, path: str) -> str:
     path = os.path.abspath(path)
     tmp, old = f"{path}.tmp", f"{path}.old"
     rank0 = not dist.is_initialized() or dist.get_rank() == 0
-    if rank0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    _barrier()
-    dist_checkpointing.save(state, tmp)
-    _barrier()
+    needed, free = checkpoint_room.measure(state, path)
+    if free < needed:
+        raise checkpoint_room.no_room(path, needed, free)
+    try:
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+        _barrier()
+        dist_checkpointing.save(state, tmp)
+        _barrier()
+    except BaseException as e:  # torch's CheckpointException is a BaseException
+        free_at_failure = checkpoint_room.free_bytes(tmp)
+        if rank0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+            raise
+        raise checkpoint_room.save_failed(path, e, needed, free_at_failure) from e
     if rank0:
         with open(os.path.join(tmp, DONE), "w") as f:
             f.flush()

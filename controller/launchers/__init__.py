@@ -85,15 +85,6 @@ def get_launcher(name: str) -> type[Launcher]:
     return getattr(importlib.import_module(module), cls)
 
 
-def log_tail(path: str, lines: int = 15) -> str:
-    """The last lines of a service's log, for the error when it dies while starting."""
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
 async def endpoints(launcher: Launcher, roles: Sequence[str],
                     attach: Mapping[str, str | None]) -> dict[str, str]:
     """{role: endpoint} for `roles`: `attach[role]` where given, else started by `launcher`."""

@@ -11,6 +11,7 @@ the service's own flags (tandem/serving/process.py).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 ROLES = ("actor", "rollout", "critic", "reward")
 # Fixed ports for deployments whose addresses are written down (compose); local and Ray
@@ -45,10 +46,13 @@ def devices_env(cfg, role: str) -> dict[str, str]:
 
 
 def service_argv(role: str, config_path: str, *, host: str, port: int = 0, port_file: str | None = None,
-                 run_id: str | None = None, rank: int | None = None, python: str = sys.executable) -> list[str]:
+                 run_id: str | None = None, rank: int | None = None, python: str = sys.executable,
+                 allow_dirs: Sequence[str] = (), insecure: bool = False) -> list[str]:
     """The command line of one service process (rank 0 unless `rank` is given: with a rank, every
     rank is started separately and meets the others at MASTER_ADDR:MASTER_PORT). `role` may be a
-    rollout replica (`rollout-1`, ...): the rollout service again."""
+    rollout replica (`rollout-1`, ...): the rollout service again. allow_dirs: where the run's
+    config may name code to import (allowed_dirs.code_dirs of its config); insecure: serve beyond
+    loopback without a token (services.insecure)."""
     if service_of(role) not in ROLES:
         raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
     argv = [python, "-m", f"tandem.services.{service_of(role)}", "--config", config_path, "--host", host,
@@ -59,18 +63,28 @@ def service_argv(role: str, config_path: str, *, host: str, port: int = 0, port_
         argv += ["--run-id", run_id]
     if rank is not None:
         argv += ["--rank", str(rank)]
-    return argv
+    return argv + _guards(allow_dirs, insecure)
 
 
 def long_lived_argv(role: str, *, host: str, port: int = 0, port_file: str | None = None, world_size: int = 1,
-                    python: str = sys.executable) -> list[str]:
+                    python: str = sys.executable, token_file: str | None = None,
+                    allow_dirs: Sequence[str] = ()) -> list[str]:
     """The command line of a long-lived service (it holds no run until LifecycleService.Configure;
     the controller service's pool starts these, tandem/serving/process.py documents the flags);
-    `role` may be a rollout replica (`rollout-1`, ...)."""
+    `role` may be a rollout replica (`rollout-1`, ...). token_file: every call must carry the token
+    it holds."""
     if service_of(role) not in ROLES:
         raise ValueError(f"unknown role {role!r}; known: {', '.join(ROLES)}")
     argv = [python, "-m", f"tandem.services.{service_of(role)}", "--host", host, "--port", str(port), "--world-size", str(world_size)]
-    return argv + (["--port-file", port_file] if port_file else [])
+    argv += ["--port-file", port_file] if port_file else []
+    argv += _guards(allow_dirs, False)
+    if token_file:  # overrides beside --long-lived set only the port's security
+        argv += ["--long-lived", f"services.{service_of(role)}.auth.token_file={token_file}"]
+    return argv
+
+
+def _guards(allow_dirs: Sequence[str], insecure: bool) -> list[str]:
+    return [arg for d in allow_dirs for arg in ("--allow-dir", d)] + (["--insecure"] if insecure else [])
 
 
 def service_env(*, master: tuple[str, int] | None = None, local_rank: int | None = None,

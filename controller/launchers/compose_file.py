@@ -43,6 +43,8 @@ HEADER = """\
 #
 # Run directories and checkpoints are on the `runs` volume (/runs in every container); torch.compile's
 # caches on the `compile-cache` volume (services.compile_cache_dir=/compile-cache): later runs start warm.
+# The services listen on every interface of their container; --insecure lets them do so without a bearer
+# token (give one: TANDEM_OVERRIDES="services.actor.auth.token_file=/runs/actor.token ...").
 """
 
 
@@ -54,7 +56,8 @@ def _service(role: str, device: str) -> dict:
     port = commands.PORTS[role]
     svc = {
         "image": IMAGES[device],
-        "command": _python(commands.service_argv(role, SPEC_CONFIG, host="0.0.0.0", port=port, run_id=RUN_ID)),
+        "command": _python(commands.service_argv(role, SPEC_CONFIG, host="0.0.0.0", port=port, run_id=RUN_ID,
+                                                 insecure=True)),
         "environment": dict(commands.service_env()),
         "volumes": ["runs:/runs", *([f"compile-cache:{COMPILE_CACHE}"] if role in MODEL_ROLES else [])],
         "depends_on": {"prepare": {"condition": "service_completed_successfully"}},

@@ -2,8 +2,9 @@
 
 A service is started with controller/launchers/commands.py's command (`python -m
 tandem.services.<role> --config RUN/config.yaml --host H --port 0 --port-file RUN/logs/<role>.port
---run-id ID`, H = `services.<role>.host`); it binds a free port and writes it to the port file
-once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
+--run-id ID`, H = `services.<role>.host`, with `--allow-dir` for the directory of the run's own
+reward function and `--insecure` when `services.insecure`); it binds a free port and writes it to
+the port file once SERVING. Its stdout and stderr go to RUN/logs/<role>.log. Services run in their own
 session, so Ctrl-C reaches only the controller, which then stops them; a controller killed
 outright (SIGKILL, out of memory) cannot, so each service also stops itself once its parent is
 gone (TANDEM_PARENT_PID, tandem/rpc/server.py).
@@ -24,10 +25,12 @@ import subprocess
 import time
 from collections.abc import Sequence
 
-from tandem.controller.launchers import LaunchContext, Launcher, log_tail
+from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
+from tandem.controller.launchers.start_failure import start_failed
 from tandem.logging import get_logger
 from tandem.rpc.server import PARENT_PID_ENV
+from tandem.serving.allowed_dirs import code_dirs
 
 _log = get_logger("controller.launchers.local")
 
@@ -55,8 +58,10 @@ class LocalLauncher(Launcher):
         if os.path.exists(port_file):
             os.unlink(port_file)
         log_path = os.path.join(self._logs_dir, f"{role}.log")
+        cfg = self.ctx.cfg
         cmd = service_argv(role, self.ctx.config_path, host=self._host(role), port_file=port_file,
-                           run_id=self.ctx.run_id)
+                           run_id=self.ctx.run_id, allow_dirs=code_dirs(cfg) if cfg else (),
+                           insecure=bool(cfg and cfg.services.insecure))
         env = dict(os.environ, **service_env(), **devices_env(self.ctx.cfg, role))
         env[PARENT_PID_ENV] = str(os.getpid())  # it stops itself if we die without stopping it
         with open(log_path, "ab") as log:  # the child keeps its own copy of the descriptor
@@ -77,15 +82,15 @@ class LocalLauncher(Launcher):
             for role in list(pending):
                 proc, port_file = self.processes[role], self._port_file(role)
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"last lines of {self.logs[role]}:\n{log_tail(self.logs[role])}")
+                    raise start_failed(role, f"exited with code {proc.returncode}", self.logs[role])
                 if os.path.exists(port_file):
                     with open(port_file) as f:
                         endpoints[role] = f"{connect_host(self._host(role))}:{int(f.read().strip())}"
                     pending.discard(role)
             if pending and time.monotonic() > deadline:
-                raise TimeoutError(f"services {sorted(pending)} not serving after "
-                                   f"{self.ctx.startup_timeout_s:g}s; see {self._logs_dir}")
+                role = sorted(pending)[0]
+                raise start_failed(role, f"not serving after services.startup_timeout_s="
+                                   f"{self.ctx.startup_timeout_s:g}", self.logs[role])
             await asyncio.sleep(0.2)
         return endpoints
 

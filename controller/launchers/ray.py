@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import service_argv, service_env, service_of
 from tandem.controller.launchers.ray_rank import ServiceRank
+from tandem.controller.launchers.start_failure import ServiceStartFailed
 from tandem.logging import get_logger
+from tandem.serving.allowed_dirs import code_dirs
 
 _log = get_logger("controller.launchers.ray")
 
@@ -116,8 +118,10 @@ class RayLauncher(Launcher):
         for rank, (actor, node) in enumerate(zip(actors, nodes)):
             bind = node["ip"] if host == "127.0.0.1" else host  # loopback is unreachable from other nodes
             port_file = os.path.join(logs, f"{role}.port") if rank == 0 else None
+            cfg = self.ctx.cfg
             argv = service_argv(role, self.ctx.config_path, host=bind, port_file=port_file, run_id=self.ctx.run_id,
-                                rank=rank if master else None)
+                                rank=rank if master else None, allow_dirs=code_dirs(cfg) if cfg else (),
+                                insecure=bool(cfg and cfg.services.insecure))
             env = service_env(master=master, local_rank=0 if master else None, node_id=node["node_id"])
             log = os.path.join(logs, f"{role}.log" if rank == 0 else f"{role}.rank{rank}.log")
             _log.info("ray.rank_placed", role=role, rank=rank, node_id=node["node_id"], ip=node["ip"])
@@ -126,7 +130,8 @@ class RayLauncher(Launcher):
         try:
             return (await asyncio.gather(*starts))[0]
         except Exception as e:  # a RayTaskError wraps the actor's own message
-            raise RuntimeError(f"the {role} service did not start under Ray: {getattr(e, 'cause', None) or e}") from e
+            raise ServiceStartFailed(f"the {role} service failed to start under Ray: "
+                                     f"{getattr(e, 'cause', None) or e}") from e
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop each service's rank 0 first (it releases the other ranks), then the rest; remove the

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from tandem.controller.launchers import log_tail
+from tandem.controller.launchers.start_failure import last_error
 
 
 class ServiceRank:
@@ -57,9 +57,9 @@ class ServiceRank:
             return None
         deadline = time.monotonic() + timeout_s
         while not os.path.exists(port_file):
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"exited with code {self.proc.returncode} while starting; last lines of "
-                                   f"{log_path}:\n{log_tail(log_path)}")
+            if self.proc.poll() is not None:  # its own last error first (start_failure.py), then its log
+                raise RuntimeError(f"{last_error(log_path)}\n  (exited with code {self.proc.returncode} on node "
+                                   f"{socket.gethostname()}; its log: {log_path})")
             if time.monotonic() > deadline:
                 raise TimeoutError(f"not serving after {timeout_s:g}s; see {log_path}")
             time.sleep(0.2)

@@ -1,7 +1,9 @@
 """`tandem serve | submit | status | logs | cancel | list`: the controller service and its CLI.
 
 `tandem serve` runs the controller service (controller/service/server.py); the others are
-its clients (controller/service/client.py) and print rich tables. Deliberately not here:
+its clients (controller/service/client.py) and print rich tables. Both sides take the
+controller's TLS and token as flags (controller/service/security_flags.py); `tandem serve`
+refuses an address beyond loopback without a token unless given `--insecure`. Deliberately not here:
 `tandem run` (controller/__main__.py), which runs one job in-process with its own services.
 """
 from __future__ import annotations
@@ -15,7 +17,14 @@ from rich.markup import escape
 from rich.table import Table
 
 from tandem.controller.service.client import DEFAULT_PORT, ENV, ControllerClient, controller_address
+from tandem.controller.service.security_flags import (
+    add_client_flags,
+    add_server_flags,
+    client_security,
+    server_security,
+)
 from tandem.rpc.errors import TandemError, Unavailable
+from tandem.rpc.exposure import exposure_problem, is_loopback
 
 COMMANDS = ("serve", "submit", "status", "logs", "cancel", "list")
 _ROLES = ("actor", "rollout", "critic", "reward")
@@ -35,10 +44,18 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--start", default="", metavar="ROLES", help="start these roles' services now, e.g. actor,reward "
                                                                 "(others start when a run first needs them)")
     s.add_argument("--keep-services", action="store_true", help="leave started services running at exit")
+    add_server_flags(s)
+    s.add_argument("--insecure", action="store_true",
+                   help="serve on an address beyond loopback (--host) without a bearer token (and the status page "
+                        "there too; otherwise it stays on 127.0.0.1)")
+    s.add_argument("--allow-dir", action="append", default=[], metavar="DIR",
+                   help="runs may name Python files to import (custom_reward_function.path) from this directory "
+                        "only (repeatable; none: no run may name one)")
     for name, helptext in (("submit", "queue a run: prints its id"), ("status", "runs, or one run in detail"),
                            ("logs", "a run's log lines"), ("cancel", "cancel a run"), ("list", "every run")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--controller", help=f"HOST:PORT of `tandem serve` (default ${ENV} or 127.0.0.1:{DEFAULT_PORT})")
+        add_client_flags(c)
         if name == "submit":
             c.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value")
         elif name in ("status", "logs", "cancel"):
@@ -56,7 +73,11 @@ def main(argv: list[str]) -> int:
     ns = _parser().parse_args(argv)
     if ns.command == "serve":
         return _serve(ns)
-    client = ControllerClient(controller_address(ns.controller))
+    try:
+        client = ControllerClient(controller_address(ns.controller), security=client_security(ns))
+    except ValueError as e:
+        print(f"tandem {ns.command}: {e}", file=sys.stderr)
+        return 2
     try:
         return {"submit": _submit, "status": _status, "logs": _logs, "cancel": _cancel, "list": _list}[ns.command](
             client, ns)
@@ -83,19 +104,32 @@ def _serve(ns) -> int:
         print(f"tandem serve: --start: unknown roles {unknown}; known: {_ROLES}", file=sys.stderr)
         return 2
     try:
-        run_controller(ns.state_dir, ns.host, ns.port, ns.http_port, ns.port_file, attach, start, ns.keep_services)
+        security = server_security(ns)
+    except ValueError as e:
+        print(f"tandem serve: {e}", file=sys.stderr)
+        return 2
+    if problem := exposure_problem(ns.host, security.token is not None, ns.insecure):
+        print(f"tandem serve: --host {ns.host}: {problem}: give --token-file or --token-env (and --tls-cert/--tls-key),"
+              " or pass --insecure to serve without", file=sys.stderr)
+        return 2
+    try:
+        run_controller(ns.state_dir, ns.host, ns.port, ns.http_port, ns.port_file, attach, start, ns.keep_services,
+                       security=security, allow_dirs=ns.allow_dir,
+                       http_host=ns.host if ns.insecure or is_loopback(ns.host) else "127.0.0.1")
     except KeyboardInterrupt:
         pass
     return 0
 
 
 def _submit(client: ControllerClient, ns) -> int:
-    args = list(ns.args)
-    path = args.pop(0) if args and "=" not in args[0] else None
+    from tandem.config import ConfigError
+    from tandem.controller.command_line import split_args
+
     try:
+        path, args = split_args(ns.args)
         text = open(path).read() if path else ""
-    except OSError as e:
-        print(f"tandem submit: cannot read {path}: {e}", file=sys.stderr)
+    except (ConfigError, OSError) as e:
+        print(f"tandem submit: config error: {e}", file=sys.stderr)
         return 2
     record = client.submit(text, args, source=path or "")
     print(record["id"])

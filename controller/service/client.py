@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from tandem.rpc.errors import error_from_rpc
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.v1 import controller_pb2, controller_pb2_grpc
 
 ENV = "TANDEM_CONTROLLER"
@@ -39,9 +40,10 @@ def event_dict(e: controller_pb2.RunEvent) -> dict:
 
 
 class ControllerClient:
-    def __init__(self, address: str, timeout_s: float = 30.0):
+    def __init__(self, address: str, timeout_s: float = 30.0, security: EndpointSecurity = PLAINTEXT):
+        """security: the controller's TLS and token (`tandem serve --token-file ...`)."""
         self.address, self.timeout_s = address, timeout_s
-        self._channel = grpc.insecure_channel(address)
+        self._channel = security.sync_channel(address, [])
         self._stub = controller_pb2_grpc.ControllerServiceStub(self._channel)
 
     def close(self) -> None:

@@ -5,7 +5,9 @@ ROLE=HOST:PORT` (attached: never started or stopped here), or one this controlle
 a local process without a run config (`python -m tandem.services.<role> --port-file ...`: it holds
 no run until Configure). Started services run in their own session, so they outlive a
 controller that is killed; their endpoints and pids are kept in STATE_DIR/services/pool.json,
-and a restarted controller reattaches to those still alive instead of starting new ones.
+and a restarted controller reattaches to those still alive instead of starting new ones. Every
+service the pool starts requires the pool's token (STATE_DIR/services/pool.token, made once,
+mode 0600; `security`), and imports code a run names only from `tandem serve --allow-dir`.
 
 `PoolLauncher` is a run's view of the pool, behind the same Launcher interface that
 `tandem run`'s local launcher has: `start(roles)` configures each role's service with the
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import signal
 import subprocess
 import threading
@@ -26,27 +29,53 @@ from collections.abc import Sequence
 
 import psutil
 
+from tandem.config import TandemConfig
 from tandem.controller.clients import LifecycleClient, release_now
 from tandem.controller.launchers import LaunchContext, Launcher
-from tandem.controller.launchers.commands import long_lived_argv, service_env, service_of
+from tandem.controller.launchers.commands import ROLES, long_lived_argv, service_env, service_of
+from tandem.controller.launchers.start_failure import start_failed
 from tandem.logging import get_logger
+from tandem.rpc.auth import read_token
 from tandem.rpc.errors import TandemError
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
 _log = get_logger("controller.service.pool")
 POOL_FILE = "pool.json"
+TOKEN_FILE = "pool.token"  # every service the pool starts requires the token it holds
 
 
 class ServicePool:
     def __init__(self, state_dir: str, attach: dict[str, str] | None = None, startup_timeout_s: float = 300.0,
-                 rpc_timeout_s: float = 600.0):
+                 rpc_timeout_s: float = 600.0, allow_dirs: list[str] | None = None):
+        """allow_dirs: where a run's config may name Python files for the services to import."""
         self.dir = os.path.join(state_dir, "services")
         os.makedirs(self.dir, exist_ok=True)
+        self.token_file = _pool_token(os.path.join(self.dir, TOKEN_FILE))
+        self.allow_dirs = list(allow_dirs or [])
         self.attached = dict(attach or {})
         self.endpoints: dict[str, str] = dict(self.attached)
         self.started: dict[str, int] = {}  # role -> pid of a service this controller (or its predecessor) started
         self.holders: dict[str, str] = {}  # role -> the run it was configured for
         self.startup_timeout_s, self.rpc_timeout_s = startup_timeout_s, rpc_timeout_s
         self._lock = threading.Lock()
+
+    # ---- who may call them -----------------------------------------------------------------------
+
+    def security(self, role: str) -> EndpointSecurity:
+        """How to call `role`'s service: with the pool's token when the pool started it; an attached
+        one as the run's own config says (plaintext here)."""
+        if role in self.attached:
+            return PLAINTEXT
+        return EndpointSecurity(token=read_token(self.token_file, None, "pool"))
+
+    def with_tokens(self, cfg: TandemConfig) -> TandemConfig:
+        """`cfg` calling every service the pool starts with the pool's token (services.<role>.auth),
+        the services' calls to each other (the weight plane) included."""
+        for role in ROLES:
+            if role not in self.attached:
+                auth = getattr(cfg.services, role).auth
+                auth.token_file, auth.token_env = self.token_file, None
+        return cfg
 
     # ---- starting, reattaching, stopping ------------------------------------------------------
 
@@ -69,7 +98,7 @@ class ServicePool:
         freed = {}
         for role, endpoint in list(self.endpoints.items()):
             try:
-                async with LifecycleClient(endpoint, timeout_s=self.rpc_timeout_s) as client:
+                async with LifecycleClient(endpoint, timeout_s=self.rpc_timeout_s, security=self.security(role)) as client:
                     held = (await client.describe())["run_id"]
                     if held:
                         await client.interrupt(held)  # a generation of the dead run stops early
@@ -113,7 +142,8 @@ class ServicePool:
         port_file = self._port_file(role)
         if os.path.exists(port_file):
             os.unlink(port_file)
-        cmd = long_lived_argv(role, host="127.0.0.1", port_file=port_file)
+        cmd = long_lived_argv(role, host="127.0.0.1", port_file=port_file, token_file=self.token_file,
+                              allow_dirs=self.allow_dirs)
         env = dict(os.environ, **service_env())
         with open(os.path.join(self.dir, f"{role}.log"), "ab") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -129,8 +159,8 @@ class ServicePool:
                 if role in found:
                     continue
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{role} service exited with code {proc.returncode} while starting; "
-                                       f"see {os.path.join(self.dir, role + '.log')}")
+                    raise start_failed(role, f"exited with code {proc.returncode}",
+                                       os.path.join(self.dir, f"{role}.log"))
                 if os.path.exists(self._port_file(role)):
                     with open(self._port_file(role)) as f:
                         found[role] = f"127.0.0.1:{int(f.read().strip())}"
@@ -164,7 +194,7 @@ class ServicePool:
         """Cut the generations of `run_id` on every service configured for it (cancel)."""
         for role, endpoint in list(self.endpoints.items()):
             if self.holders.get(role) == run_id:
-                async with LifecycleClient(endpoint, timeout_s=30) as client:
+                async with LifecycleClient(endpoint, timeout_s=30, security=self.security(role)) as client:
                     await client.interrupt(run_id)
 
 
@@ -184,7 +214,8 @@ class PoolLauncher(Launcher):
             config_yaml = f.read()
 
         async def configure(role: str):
-            async with LifecycleClient(endpoints[role], timeout_s=self.pool.rpc_timeout_s) as client:
+            async with LifecycleClient(endpoints[role], timeout_s=self.pool.rpc_timeout_s,
+                                       security=self.pool.security(role)) as client:
                 pids, _ = await client.configure(self.ctx.run_id, config_yaml)
             self.configured[role], self.pids[role] = endpoints[role], pids
             self.pool.holders[role] = self.ctx.run_id
@@ -201,11 +232,23 @@ class PoolLauncher(Launcher):
         """Release every service configured for this run (each finishes its call in progress first)."""
         for role, endpoint in list(self.configured.items()):
             try:
-                release_now(endpoint, self.ctx.run_id, self.pool.rpc_timeout_s)
+                release_now(endpoint, self.ctx.run_id, self.pool.rpc_timeout_s, self.pool.security(role))
             except Exception as e:  # noqa: BLE001 - release the others; the next Configure tells
                 _log.warning("pool.release_failed", role=role, run=self.ctx.run_id, error=str(e))
             self.pool.holders.pop(role, None)
         self.configured.clear()
+
+
+def _pool_token(path: str) -> str:
+    """The pool's token file, made once per state directory (readable by its owner only), so that
+    a restarted controller still holds the token of the services it reattaches to -> its path."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return path
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32))
+    return path
 
 
 def _process(pid: int | None) -> psutil.Process | None:

@@ -105,7 +105,7 @@ class RunQueue:
             self.current = None
 
     async def _execute(self, record: RunRecord) -> dict:
-        run = open_run(record, load_config(text=record.config_yaml))
+        run = open_run(record, self.pool.with_tokens(load_config(text=record.config_yaml)))
         run.records, run.record_id = self.records, record.id
         self.records.update(record.id, run_dir=run.run_dir, resumed_from=run.resume_from or "")
         self.records.log(record.id, record.last_step, f"run directory {run.run_dir}" +

@@ -53,7 +53,8 @@ class ControllerServicer:
 
     async def SubmitRun(self, request, context):
         try:
-            record = new_record(request.config_yaml, list(request.overrides), request.source)
+            record = new_record(request.config_yaml, list(request.overrides), request.source,
+                                allow_dirs=self.queue.pool.allow_dirs)
         except ConfigError as e:
             raise InvalidArgument(str(e)) from None
         self.records.add(record)

@@ -19,6 +19,7 @@ class RewardRole(Role):
     name = "reward"
     service_names = (SERVICE,)
     ranks_at_start = False  # rules need none; a reward model run starts its ranks
+    imports_code = True  # custom_reward_function.path
 
     def ranked(self, cfg) -> bool:
         return cfg.reward_model.enable

@@ -9,42 +9,27 @@ Each row is one call in a pebble ProcessPool: a call running longer than `timeou
 something else leaves that row failed with the reason (result.Scored): never a score of 0.
 
 The pool's processes start from a fork server, not from this process (which runs gRPC threads
-and perhaps a model): each imports only this module and the user's file. The file is also
-imported once here at start, so a missing file or function stops the service before it serves.
+and perhaps a model): each imports only this module and the user's file
+(tandem/reward/function_file.py). The file is also imported once here at start, so a missing
+file or function stops the service before it serves; `tandem run` imports it once more before
+anything starts, and the service imports it only from its --allow-dir directories.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import multiprocessing
 import numbers
-import os
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable
 
 from pebble import ProcessExpired, ProcessPool
 
 from tandem.logging import get_logger
+from tandem.reward.function_file import load_function
 from tandem.services.reward.result import Scored
 
 _log = get_logger("services.reward.custom_function")
 _FUNCTION: Callable | None = None  # in a pool process: the loaded compute_score
-
-
-def load_function(path: str, name: str) -> Callable:
-    """`name` from the Python file at `path`; ValueError naming the config key otherwise."""
-    if not os.path.isfile(path):
-        raise ValueError(f"custom_reward_function.path: {path!r} is not a file")
-    spec = importlib.util.spec_from_file_location("tandem_custom_reward", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's file: report whatever it raised
-        raise ValueError(f"custom_reward_function.path: importing {path!r} raised {type(e).__name__}: {e}") from e
-    fn = getattr(module, name, None)
-    if not callable(fn):
-        raise ValueError(f"custom_reward_function.name: {path!r} defines no function {name!r}")
-    return fn
 
 
 def _init_worker(path: str, name: str) -> None:

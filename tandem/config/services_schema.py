@@ -59,3 +59,6 @@ class ServicesConfig:
     # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
     # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)
     compile_cache_dir: str | None = None
+    # started services may serve beyond loopback without a bearer token (--insecure); without it such a
+    # service refuses to start (tandem/rpc/exposure.py)
+    insecure: bool = False

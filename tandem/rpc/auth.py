@@ -22,24 +22,27 @@ AUTH_KEY = "authorization"
 _HEALTH = "/grpc.health.v1.Health/"
 
 
-def read_token(token_file: str | None, token_env: str | None, key_prefix: str = "auth") -> str | None:
+def read_token(token_file: str | None, token_env: str | None, key_prefix: str = "auth",
+               names: tuple[str, str] = ("token_file", "token_env")) -> str | None:
     """The token from `token_file` (surrounding whitespace stripped) or the variable `token_env`;
-    None when neither is set. ValueError naming the key when the source is empty or unreadable."""
+    None when neither is set. ValueError naming the key (`key_prefix`.`names[i]`, or the bare name
+    without a prefix: a command-line flag) when the source is empty or unreadable."""
+    file_key, env_key = (f"{key_prefix}.{n}" if key_prefix else n for n in names)
     if token_file and token_env:
-        raise ValueError(f"{key_prefix}: set token_file or token_env, not both")
+        raise ValueError(f"{file_key}, {env_key}: set one of them, not both")
     if token_file:
         try:
             with open(token_file) as f:
                 token = f.read().strip()
         except OSError as e:
-            raise ValueError(f"{key_prefix}.token_file: cannot read {token_file!r}: {e.strerror}") from None
+            raise ValueError(f"{file_key}: cannot read {token_file!r}: {e.strerror}") from None
         if not token:
-            raise ValueError(f"{key_prefix}.token_file: {token_file!r} is empty")
+            raise ValueError(f"{file_key}: {token_file!r} is empty")
         return token
     if token_env:
         token = os.environ.get(token_env, "").strip()
         if not token:
-            raise ValueError(f"{key_prefix}.token_env: environment variable {token_env} is not set or empty")
+            raise ValueError(f"{env_key}: environment variable {token_env} is not set or empty")
         return token
     return None
 

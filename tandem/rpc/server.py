@@ -6,9 +6,9 @@ generated *_pb2_grpc helpers), so every method gets the same wrapper:
 - a request that does not parse answers INVALID_ARGUMENT
   "request could not be parsed as tandem.v1.XRequest: ..." (grpc's default
   would be a bare INTERNAL/UNKNOWN);
-- TandemError -> its status code and message; any other exception ->
-  INTERNAL "ExcType: message" with the traceback logged. The process keeps
-  serving either way;
+- TandemError -> its status code and message; any other exception, BaseException
+  included (only cancellation passes) -> INTERNAL "ExcType: first line of the message"
+  with the traceback logged. The process keeps serving either way;
 - a method the servicer lacks answers UNIMPLEMENTED;
 - server-streaming methods are async generators with the same mapping (an error after some
   messages ends the stream with its status); a handler may yield bytes it serialized itself
@@ -86,16 +86,24 @@ async def _refuse_unservable(request, context, fn, name: str, input_full_name: s
 
 @contextlib.asynccontextmanager
 async def _errors_as_status(context, name: str):
-    """TandemError -> its status; any other exception -> INTERNAL (logged); the service lives on."""
+    """TandemError -> its status; any other exception, BaseException included (torch's
+    CheckpointException is one, and grpc.aio would leave the call unanswered until its deadline),
+    -> INTERNAL (logged); the service lives on. Only cancellation passes through."""
     try:
         yield
     except TandemError as e:
         await context.abort(e.code, str(e))
-    except (grpc.aio.AbortError, asyncio.CancelledError):
-        raise  # the servicer aborted itself, or the call was cancelled
-    except Exception as e:  # noqa: BLE001 - a bug must not kill the service
+    except (grpc.aio.AbortError, asyncio.CancelledError, GeneratorExit):
+        raise  # the servicer aborted itself, the call was cancelled, or its stream was closed
+    except BaseException as e:  # noqa: BLE001 - a bug must not kill the service or hang its caller
         _log.exception("rpc.internal_error", rpc=name)
-        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {_first_line(e)}")
+
+
+def _first_line(error: BaseException) -> str:
+    """A status message is one line; the whole text is in the log (torch's errors carry tracebacks)."""
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def _wrap(fn, service: str, method, input_full_name: str):

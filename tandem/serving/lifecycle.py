@@ -34,6 +34,7 @@ from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig, init_distributed
 from tandem.rpc.errors import FailedPrecondition
 from tandem.rpc.protocol import PROTOCOL
+from tandem.serving.allowed_dirs import check_allowed
 from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.compile_cache import use_compile_cache
 from tandem.serving.role import Built, Role
@@ -98,8 +99,9 @@ class RankHost:
 class RunHost:
     """Rank 0: the held run, the rank group and its child processes."""
 
-    def __init__(self, role: Role):
+    def __init__(self, role: Role, allowed_dirs: list[str] | None = None):
         self.role = role
+        self.allowed_dirs = list(allowed_dirs or [])  # where a run's config may name code to import (--allow-dir)
         self.rank_host = RankHost(role, rank=0)
         self.group = None
         self.children: list[subprocess.Popen] = []
@@ -126,6 +128,8 @@ class RunHost:
     def configure(self, run_id: str, config_yaml: str, thread) -> tuple[list[int], bool]:
         """Take the run -> (its rank pids, whether the ranks were restarted for its layout)."""
         cfg = load_config(text=config_yaml)  # ConfigError: the servicer answers INVALID_ARGUMENT
+        if self.role.imports_code:  # before anything is built: a file outside is never imported
+            check_allowed(cfg, self.allowed_dirs)
         restarted = False
         interrupt.clear()
         self.ranked_run = self.role.ranked(cfg)

@@ -1,7 +1,9 @@
 """What every service's `__main__` runs: arguments, logging, the run it holds, the gRPC server.
 
 Three ways to start a service (rank 0, the gRPC front door); it binds `--host` (default
-`services.<role>.host`, 127.0.0.1):
+`services.<role>.host`, 127.0.0.1), and refuses an address beyond loopback without a bearer
+token unless given `--insecure`; a run's config may name Python files for it to import only
+from its `--allow-dir` directories (tandem/serving/allowed_dirs.py):
 
 - long-lived: `python -m tandem.services.<role> [--host H] [--port P | --port-file F] [--world-size N]`
   starts with only what the process needs (role, bind address, ranks; the device follows
@@ -42,6 +44,7 @@ from tandem.config import TandemConfig, load_config, to_yaml
 from tandem.logging import configure_logging, get_logger
 from tandem.parallel.layout import ParallelConfig
 from tandem.process_exit import exit_process
+from tandem.rpc.exposure import exposure_problem
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.serving.lifecycle import RENDEZVOUS_TIMEOUT
 from tandem.serving.role import Role
@@ -64,6 +67,7 @@ class ServiceArgs:
     metrics_port: int | None = None  # Prometheus /metrics on rank 0 (0: any free port, logged)
     long_lived: bool = False
     cfg: TandemConfig | None = None  # defaults <- --config <- overrides
+    allow_dirs: list = field(default_factory=list)  # where a run's config may name code to import
 
     @property
     def configure_at_start(self) -> bool:
@@ -101,6 +105,11 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
                    help="rank 0's rendezvous address (TCPStore) with --rank; default $MASTER_ADDR")
     p.add_argument("--master-port", type=int, default=_env_int("MASTER_PORT"),
                    help="rank 0's rendezvous port with --rank; default $MASTER_PORT")
+    p.add_argument("--allow-dir", action="append", default=[], metavar="DIR",
+                   help="import the Python files a run's config names (custom_reward_function.path) only from "
+                        "this directory (repeatable; none: no such file is imported)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on an address beyond loopback (--host) without a bearer token")
     p.add_argument("--layout", type=_layout, help=argparse.SUPPRESS)  # tp,pp,ep of a child rank 0 started
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value (one-run mode)")
     a = p.parse_args(argv)
@@ -112,10 +121,14 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
         security = EndpointSecurity.from_section(section, f"services.{role}")
     except ValueError as e:
         p.error(str(e))
+    host = a.host or section.host
+    if not a.rank and (problem := exposure_problem(host, security.token is not None, a.insecure)):
+        p.error(f"--host {host}: {problem} (services.{role}.auth.token_file or .token_env): set one, "
+                "or pass --insecure to serve without")
     metrics_port = a.metrics_port if a.metrics_port is not None else section.metrics_port
-    return ServiceArgs(a.host or section.host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
+    return ServiceArgs(host, a.port, a.port_file, a.run_id, a.config, list(a.overrides),
                        a.world_size, a.rank, a.master_addr, a.master_port, a.layout, security, metrics_port,
-                       a.long_lived, cfg)
+                       a.long_lived, cfg, list(a.allow_dir))
 
 
 def load_tokenizer(cfg: TandemConfig):
@@ -173,7 +186,7 @@ def run_service(role: Role, argv=None) -> NoReturn:
     separate = args.rank == 0  # the other ranks were started by someone else
     world = role.layout(args.cfg)[0] if separate else args.world_size
     log = _log_process(role, 0, world, args.run_id)
-    host, thread = RunHost(role), WorkerThread(role.name)
+    host, thread = RunHost(role, args.allow_dirs), WorkerThread(role.name)
     try:  # every model call, these included, runs on the worker thread
         if separate:
             world, parallel = role.layout(args.cfg)

@@ -24,10 +24,14 @@ import torch.distributed as dist
 
 from tandem.generation.interrupt import GenerationAborted
 from tandem.logging import get_logger
+from tandem.rpc import errors
 from tandem.serving.call_observer import step_of_call
 
 log = get_logger("tandem.rank_group")
-_RAISED_AS_IS = {"ValueError": ValueError, "GenerationAborted": GenerationAborted}
+# errors the servicers map to a status of their own: raised on rank 0 as the rank raised them
+_RAISED_AS_IS = {"ValueError": ValueError, "GenerationAborted": GenerationAborted,
+                 **{cls.__name__: cls for cls in (errors.InvalidArgument, errors.FailedPrecondition,
+                                                  errors.ResourceExhausted, errors.NotFound, errors.Aborted)}}
 RANK_LOST_EXIT = 3  # a service's exit code when one of its ranks died
 
 
@@ -100,7 +104,7 @@ class RankGroup:
         for rank, (_, error) in enumerate(gathered):
             if error is not None:
                 kind, message = error
-                if kind in _RAISED_AS_IS:  # errors the servicers map to a status of their own
+                if kind in _RAISED_AS_IS:
                     raise _RAISED_AS_IS[kind](message)
                 raise RuntimeError(f"rank {rank}: {kind}: {message}")
         return gathered
@@ -143,7 +147,10 @@ class RankGroup:
             with self.observer.call(step, f"{target}.{method}") if self.observer else nullcontext():
                 result = getattr(self.targets[target], method)(*args)
             return (result if every or self.me.is_output else None), None
-        except Exception as e:  # reported to rank 0, which raises it for the RPC
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # reported to rank 0, which raises it for the RPC (torch's
+            # CheckpointException is a BaseException: left alone, it would skip the gather)
             if self.world > 1:
                 log.error("rank_call_failed", target=target, method=method, error=traceback.format_exc())
             if not self.is_front or self.world > 1:

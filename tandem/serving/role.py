@@ -31,6 +31,7 @@ class Role(ABC):
     name: str  # actor | rollout | critic | reward
     service_names: tuple[str, ...]  # the role's gRPC services, e.g. ("tandem.v1.ActorService",)
     ranks_at_start: bool = True  # a long-lived process starts its rank group before any run
+    imports_code: bool = False  # imports Python files a run's config names (only from --allow-dir)
     host: str = "127.0.0.1"  # the address this process serves on (set by process.run_service)
 
     def ranked(self, cfg: TandemConfig) -> bool:

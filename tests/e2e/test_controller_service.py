@@ -118,7 +118,7 @@ def test_cancel_a_running_run_then_the_next_one_runs(controller, runs_dir):
     assert f"global_step_{record['last_step']}" in ckpts, ckpts
     # the services are healthy and free
     for role, entry in controller.pool().items():
-        described = describe(entry["endpoint"])
+        described = describe(entry["endpoint"], controller.pool_security())
         assert described["run_id"] in ("", after), (role, described)
     done = controller.wait_ended(after)
     assert done["state"] == "succeeded" and done["last_step"] == 2, done["error"]
@@ -129,13 +129,13 @@ def test_cancel_a_running_run_then_the_next_one_runs(controller, runs_dir):
     assert e.value.code == grpc.StatusCode.FAILED_PRECONDITION and "cancelled" in str(e.value)
 
 
-def describe(endpoint: str) -> dict:
+def describe(endpoint: str, security) -> dict:
     import asyncio
 
     from tandem.controller.clients import LifecycleClient
 
     async def go():
-        async with LifecycleClient(endpoint, timeout_s=30) as client:
+        async with LifecycleClient(endpoint, timeout_s=30, security=security) as client:
             await client.wait_healthy(timeout_s=30)
             return await client.describe()
 

@@ -27,7 +27,8 @@ TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_
         "data.builtin_val_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "services.actor.torch_threads=1", "trainer.test_freq=0", "trainer.logger=[console,jsonl]",
         "actor_rollout_ref.rollout.mode=standalone", "services.actor.world_size=2",
-        "trainer.sft.stop_at_accuracy=null"]  # 3 SFT steps: no dev split
+        "trainer.sft.stop_at_accuracy=null",  # 3 SFT steps: no dev split
+        "services.insecure=true"]  # Ray's services bind their node's address; this test gives them no token
 PLACEMENT = ["services.actor.ray.resources={node_a: 1}", "services.rollout.ray.resources={node_b: 1}",
              "services.reward.ray.resources={node_b: 1}"]
 VOLATILE = ("timing_s/", "perf/")

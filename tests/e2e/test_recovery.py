@@ -2,13 +2,14 @@
 rank 0, the critic, the standalone rollout, the reward service, then the actor's second rank); the run
 restarts each, goes back to its latest checkpoint (the reward service: sends the failed call again)
 and completes, and every RL step's metrics (every key but wall-clock timings) equal those of an
-uninterrupted run of the same config (tests/e2e/conftest.py: PPO, every piece of state). A death
-past trainer.max_restarts stops the run naming the service."""
+uninterrupted run of the same config (tests/e2e/conftest.py: PPO, every piece of state), with one
+line per step in metrics.jsonl (each restart counted in a step's own line). A death past
+trainer.max_restarts stops the run naming the service."""
 import json
 import os
 
 from conftest import PPO_STATEFUL, STEPS
-from kill_runs import run_and_kill, step_metrics
+from kill_runs import metric_lines, run_and_kill, step_metrics
 
 # (role, rank, kill once this step is logged): each after the previous one's recovery
 KILLS = [("actor", 0, 2), ("critic", 0, 3), ("rollout", 0, 4), ("reward", 0, 5), ("actor", 1, 6)]
@@ -33,10 +34,14 @@ def test_each_service_killed_mid_run_is_recovered_exactly(ppo_reference, tmp_pat
         assert f"going on from {ckpt}" in out
     log = open(os.path.join(run_dir, "logs", "actor.log")).read()
     assert '"service.rank_lost"' in log  # rank 1's death: rank 0 noticed and exited; both restarted
-    got = step_metrics(run_dir)
+    got = step_metrics(run_dir)  # (one line per step, restarts and the final validation in theirs)
     assert sorted(got) == list(range(1, STEPS + 1))
     for step in ppo_reference:
         assert got[step] == ppo_reference[step], f"step {step} differs"
+    restarts = [m for m in metric_lines(run_dir) if "trainer/restarts" in m]
+    assert restarts and all("actor/pg_loss" in m or "val/accuracy" in m for m in restarts), restarts  # step lines
+    assert max(m["trainer/restarts"] for m in restarts) == len(KILLS)
+    assert "val/accuracy" in metric_lines(run_dir)[-1] and metric_lines(run_dir)[-1]["step"] == STEPS
 
 
 def test_a_death_past_max_restarts_stops_the_run_naming_the_service(tmp_path):

@@ -50,6 +50,13 @@ class ControllerProcess:
         with open(os.path.join(self.state_dir, "services", "pool.json")) as f:
             return json.load(f)
 
+    def pool_security(self):
+        """How to call the services its pool started: with the pool's token."""
+        from tandem.rpc.security import EndpointSecurity
+
+        with open(os.path.join(self.state_dir, "services", "pool.token")) as f:
+            return EndpointSecurity(token=f.read().strip())
+
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait()

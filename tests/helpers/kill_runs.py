@@ -12,18 +12,25 @@ COUNTED = {"perf/total_num_tokens"}  # the one perf/ figure that is not wall-clo
 
 
 def compared(key: str) -> bool:
-    """Not a wall-clock time, rate or memory figure (those differ between any two runs)."""
-    return not key.startswith("timing_s/") and (not key.startswith("perf/") or key in COUNTED)
+    """Not a wall-clock time, rate or memory figure (those differ between any two runs), nor the
+    count of restarts (an interrupted run's own)."""
+    return (not key.startswith("timing_s/") and (not key.startswith("perf/") or key in COUNTED)
+            and key != "trainer/restarts")
+
+
+def metric_lines(run_dir) -> list[dict]:
+    """Every line of metrics.jsonl; exactly one per step (a recovered run's lines of redone steps
+    replaced the old ones; the final validation and restarts are in their step's line)."""
+    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
+    steps = [m["step"] for m in lines]
+    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    return lines
 
 
 def step_metrics(run_dir) -> dict[int, dict]:
-    """{step: that step's line without wall-clock or memory keys} of the RL step lines of metrics.jsonl
-    (one line per step: a recovered run's lines of redone steps replaced the old ones)."""
-    lines = [json.loads(x) for x in open(os.path.join(run_dir, "metrics.jsonl"))]
-    steps = [m["step"] for m in lines if "actor/pg_loss" in m]
-    assert len(steps) == len(set(steps)), f"a step logged twice: {steps}"
+    """{step: that step's line without wall-clock or memory keys} of the RL step lines of metrics.jsonl."""
     return {m["step"]: {k: v for k, v in m.items() if compared(k)}
-            for m in lines if "actor/pg_loss" in m}
+            for m in metric_lines(run_dir) if "actor/pg_loss" in m}
 
 
 def rank_pids(run_dir, role: str) -> dict[int, int]:

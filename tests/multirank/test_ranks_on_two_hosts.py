@@ -96,7 +96,7 @@ def test_two_rank_service_over_tcp_between_hosts(hosts, tmp_path):
     try:
         for rank in (0, 1):
             argv = service_argv("rollout", config, host=hosts.addr[0], port_file=str(port_file) if rank == 0 else None,
-                                rank=rank)
+                                rank=rank, insecure=True)  # a test network of its own: no token
             env = dict(os.environ, **service_env(master=(hosts.addr[0], hosts.master_port)),
                        GLOO_SOCKET_IFNAME=hosts.ifname[rank])
             with open(logs[rank], "wb") as out:

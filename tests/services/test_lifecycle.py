@@ -2,7 +2,8 @@
 Release (tandem.v1.LifecycleService), a second run's layout restarting their ranks (gloo, 2 ranks),
 the weight plane between a long-lived actor and rollout freed with the run.
 
-Real processes, started as the controller service starts them (controller/service/pool.py).
+Real processes, started as the controller service starts them (controller/service/pool.py), so
+every call carries the pool's token.
 """
 import asyncio
 import os
@@ -18,6 +19,7 @@ from tandem.controller.clients import ActorClient, LifecycleClient, RewardClient
 from tandem.controller.run_dir import create_run_dir
 from tandem.controller.service.pool import ServicePool
 from tandem.data.batch import DataProto
+from tandem.rpc.client import make_channel
 
 FAILED, INVALID = grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.INVALID_ARGUMENT
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
@@ -38,14 +40,15 @@ def pool(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def run_config(tmp_path_factory):
+def run_config(pool, tmp_path_factory):
+    """A run's config as the controller service sends it: its services called with the pool's token."""
     cfg = load_config(None, [f"trainer.default_local_dir={tmp_path_factory.mktemp('runs')}", *SMALL])
-    cfg, _ = create_run_dir(cfg)
+    cfg, _ = create_run_dir(pool.with_tokens(cfg))
     return to_yaml(cfg)
 
 
-async def health(endpoint: str, service: str) -> int:
-    async with grpc.aio.insecure_channel(endpoint) as ch:
+async def health(endpoint: str, service: str, security) -> int:
+    async with make_channel(endpoint, security=security) as ch:
         return (await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service))).status
 
 
@@ -63,24 +66,24 @@ def prompts(cfg_yaml: str) -> DataProto:
 def test_configure_release_and_the_holder(pool, run_config):
     async def main():
         ep = pool.endpoints["actor"]
-        life = LifecycleClient(ep, timeout_s=300)
+        life = LifecycleClient(ep, security=pool.security("actor"), timeout_s=300)
         free = await life.describe()
         assert free["run_id"] == "" and free["role"] == "actor" and free["pids"] == [pool.started["actor"]]
-        assert await health(ep, "") == SERVING and await health(ep, "tandem.v1.ActorService") == NOT_SERVING
-        await expect_error(ActorClient(ep).set_reference(), FAILED, "holds no run", "Configure")
+        assert await health(ep, "", pool.security("actor")) == SERVING and await health(ep, "tandem.v1.ActorService", pool.security("actor")) == NOT_SERVING
+        await expect_error(ActorClient(ep, security=pool.security("actor")).set_reference(), FAILED, "holds no run", "Configure")
 
         pids, restarted = await life.configure("run-a", run_config)
         assert pids == free["pids"] and not restarted
         held = await life.describe()
         assert held["run_id"] == "run-a" and held["tensor_bytes"] > 10 * free["tensor_bytes"]
-        assert await health(ep, "tandem.v1.ActorService") == SERVING
-        assert await health(ep, "tandem.v1.RolloutService") == SERVING  # colocated: the actor generates
-        gen = await RolloutClient(ep).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
+        assert await health(ep, "tandem.v1.ActorService", pool.security("actor")) == SERVING
+        assert await health(ep, "tandem.v1.RolloutService", pool.security("actor")) == SERVING  # colocated: the actor generates
+        gen = await RolloutClient(ep, security=pool.security("actor")).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
         assert gen["responses"].shape == (2, 4)
 
         # a second run while one is held, a call for another run, a release of another run: refused
         await expect_error(life.configure("run-b", run_config), FAILED, "holds run 'run-a'")
-        await expect_error(ActorClient(ep, metadata={"x-run-id": "run-b"}).set_reference(), FAILED,
+        await expect_error(ActorClient(ep, security=pool.security("actor"), metadata={"x-run-id": "run-b"}).set_reference(), FAILED,
                            "called for run 'run-b'", "holds run 'run-a'")
         await expect_error(life.release("run-b"), FAILED, "holds run 'run-a'")
         assert (await life.describe())["run_id"] == "run-a"
@@ -88,7 +91,7 @@ def test_configure_release_and_the_holder(pool, run_config):
         assert await life.release("run-a") == "run-a"
         after = await life.describe()
         assert after["run_id"] == "" and after["tensor_bytes"] < held["tensor_bytes"] / 10, (held, after)
-        assert await health(ep, "tandem.v1.ActorService") == NOT_SERVING and await health(ep, "") == SERVING
+        assert await health(ep, "tandem.v1.ActorService", pool.security("actor")) == NOT_SERVING and await health(ep, "", pool.security("actor")) == SERVING
         assert await life.release() == ""  # nothing held: nothing to do
 
         # a bad config names the key and leaves the service free
@@ -103,7 +106,7 @@ def test_configure_release_and_the_holder(pool, run_config):
 def test_reward_takes_the_runs_rule(pool, run_config):
     async def main():
         ep = pool.endpoints["reward"]
-        life, reward = LifecycleClient(ep, timeout_s=120), RewardClient(ep)
+        life, reward = LifecycleClient(ep, security=pool.security("actor"), timeout_s=120), RewardClient(ep, security=pool.security("actor"))
         batch = DataProto(columns={"response_text": ["19", "5 #### 7"], "ground_truth": ["19", "7"]})
         await expect_error(reward.score(batch), FAILED, "holds no run")
         await life.configure("run-r1", run_config)  # arithmetic rule: the text must equal the answer
@@ -121,7 +124,7 @@ def test_another_layout_restarts_the_ranks(pool, run_config):
     """TP=2 on two ranks, then back to one rank: rank 0 (the endpoint) stays, its children change."""
     async def main():
         ep = pool.endpoints["actor"]
-        life = LifecycleClient(ep, timeout_s=600)
+        life = LifecycleClient(ep, security=pool.security("actor"), timeout_s=600)
         rank0 = pool.started["actor"]
         tp2 = to_yaml(load_config(text=run_config, overrides=TP2))
         want = await generate(life, ep, run_config, "run-tp1")
@@ -130,7 +133,7 @@ def test_another_layout_restarts_the_ranks(pool, run_config):
         assert restarted and len(pids) == 2 and pids[0] == rank0
         d = await life.describe()
         assert (d["world_size"], d["tensor_parallel"], d["pids"]) == (2, 2, pids)
-        got = await RolloutClient(ep).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
+        got = await RolloutClient(ep, security=pool.security("actor")).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
         assert got["responses"].tolist() == want["responses"].tolist()  # the same weights, split over 2 ranks
         await life.release("run-tp2")
         assert (await life.describe())["world_size"] == 2  # released, the ranks stay for the next run
@@ -145,7 +148,7 @@ def test_another_layout_restarts_the_ranks(pool, run_config):
     async def generate(life, ep, cfg_yaml, run_id):
         await life.configure(run_id, cfg_yaml)
         try:
-            return await RolloutClient(ep).generate_sequences(prompts(cfg_yaml), max_new_tokens=4, greedy=True)
+            return await RolloutClient(ep, security=pool.security("actor")).generate_sequences(prompts(cfg_yaml), max_new_tokens=4, greedy=True)
         finally:
             await life.release(run_id)
 
@@ -163,8 +166,8 @@ def test_interrupt_cuts_a_generation_until_release(pool, run_config):
     the run is released; the next run generates again."""
     async def main():
         ep = pool.endpoints["actor"]
-        life = LifecycleClient(ep, timeout_s=300)
-        rollout = RolloutClient(ep, timeout_s=600)
+        life = LifecycleClient(ep, security=pool.security("actor"), timeout_s=300)
+        rollout = RolloutClient(ep, security=pool.security("actor"), timeout_s=600)
         batch = prompts(run_config).repeat(64)  # many rounds of 8 rows: long enough to be cut
         long = dict(max_new_tokens=16, n=8, temperature=1.0, seed=1)
         slow = to_yaml(load_config(text=run_config, overrides=["actor_rollout_ref.rollout.max_batch_size=8"]))
@@ -193,12 +196,12 @@ def test_weight_plane_between_long_lived_services_is_freed_at_release(pool, run_
     async def main():
         endpoints = await pool.ensure(["actor", "rollout"])
         standalone = to_yaml(load_config(text=run_config, overrides=["actor_rollout_ref.rollout.mode=standalone"]))
-        lives = {role: LifecycleClient(endpoints[role], timeout_s=300) for role in ("actor", "rollout")}
+        lives = {role: LifecycleClient(endpoints[role], security=pool.security("actor"), timeout_s=300) for role in ("actor", "rollout")}
         free = {role: (await life.describe())["tensor_bytes"] for role, life in lives.items()}
         for run_id in ("run-w1", "run-w2"):
             for life in lives.values():
                 await life.configure(run_id, standalone)
-            rollout = RolloutClient(endpoints["rollout"], timeout_s=300)
+            rollout = RolloutClient(endpoints["rollout"], security=pool.security("actor"), timeout_s=300)
             for transport in ("stream", "collective"):  # the actor's version 0, pulled both ways
                 synced = await rollout.sync_weights(0, endpoints["actor"], transport=transport, force=True)
                 assert synced.weights_version == 0 and synced.bytes > 0

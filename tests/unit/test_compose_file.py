@@ -64,7 +64,7 @@ def test_every_role_runs_the_shared_command_with_health_checks(doc):
             svc = services[name]
             port = commands.PORTS[role]
             assert svc["command"] == commands.service_argv(role, compose_file.SPEC_CONFIG, host="0.0.0.0", port=port,
-                                                           run_id=compose_file.RUN_ID, python="python")
+                                                           run_id=compose_file.RUN_ID, python="python", insecure=True)
             assert svc["environment"] == commands.service_env()
             assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "tandem.rpc.healthcheck", f"127.0.0.1:{port}"]
             assert "runs:/runs" in svc["volumes"]

@@ -151,4 +151,6 @@ def test_a_separately_started_rank_needs_its_rendezvous(monkeypatch):
     assert (args.host, args.master_addr, args.master_port) == ("0.0.0.0", "10.0.0.7", 29500)
     with pytest.raises(ValueError, match=r"--rank 2 is outside services.rollout.world_size=2"):
         process._rendezvous("rollout", args, 2, log)
-    assert process.parse_args("rollout", ["services.rollout.host=10.0.0.8"]).host == "10.0.0.8"
+    assert process.parse_args("rollout", ["--insecure", "services.rollout.host=10.0.0.8"]).host == "10.0.0.8"
+    with pytest.raises(SystemExit):  # rank 0 beyond loopback without a token (test_control_plane_security.py)
+        process.parse_args("rollout", ["services.rollout.host=10.0.0.8"])

@@ -151,3 +151,22 @@ def test_rewind_drops_later_steps_once_each(tmp_path) -> None:
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [(m["step"], m["x"]) for m in lines] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0)]
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2  # the purge starts a new file
+
+
+def test_a_step_logged_again_is_merged_into_its_line(tmp_path) -> None:
+    """One line per step: the final validation after the last step's line, and a restart counted at
+    the step a run went back to, go into that step's line, also in a reopened (resumed) run's file."""
+    t = Tracking(str(tmp_path), ["jsonl"], total_steps=3)
+    for step in (1, 2, 3):
+        t.log({"actor/pg_loss": float(step)}, step=step)
+    t.log({"val/accuracy": 0.5}, step=3)  # the final validation
+    t.rewind(2)
+    t.log({"trainer/restarts": 1}, step=2)
+    t.close()
+    resumed = Tracking(str(tmp_path), ["jsonl"], total_steps=3)
+    resumed.log({"actor/pg_loss": 30.0}, step=3)
+    resumed.log({"val/accuracy": 0.75}, step=3)
+    resumed.close()
+    assert _read_jsonl(str(tmp_path / "metrics.jsonl")) == [
+        {"step": 1, "actor/pg_loss": 1.0}, {"step": 2, "actor/pg_loss": 2.0, "trainer/restarts": 1},
+        {"step": 3, "actor/pg_loss": 30.0, "val/accuracy": 0.75}]

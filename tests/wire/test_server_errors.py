@@ -2,7 +2,6 @@
 statuses for bad input (with the field named), and recovery after each."""
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
@@ -12,6 +11,7 @@ import grpc
 import pytest
 import structlog
 import torch
+from aio_server import serving
 
 from tandem.data import codec, validate
 from tandem.data.batch import DataProto
@@ -35,6 +35,8 @@ class LengthReward:
         texts = validate.require_column(batch, "response_text")
         if texts and texts[0] == "boom":
             raise RuntimeError("boom in the rule")
+        if texts and texts[0] == "fatal":  # a BaseException on the worker thread (torch's CheckpointException is one)
+            await self.worker.run(raise_fatal)
         if texts and texts[0] == "slow":  # blocking model work belongs on the worker thread
             method = await self.worker.run(slow_work, 0.5)
             return reward_pb2.ScoreResponse(scores=[float(method == "RewardService.Score")])
@@ -42,30 +44,22 @@ class LengthReward:
         return reward_pb2.ScoreResponse(scores=[float(len(t)) for t in texts], extra=extra)
 
 
+class Fatal(BaseException):
+    """Not an Exception: grpc.aio's own handler would leave the call unanswered until its deadline."""
+
+
+def raise_fatal():
+    raise Fatal("the disk said no\n  (a traceback torch would append)")
+
+
 def slow_work(seconds: float) -> str:
     time.sleep(seconds)
     return structlog.contextvars.get_contextvars()["method"]  # copied from the RPC's context
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path, servicers=None, **kw):
-    """Start serve() as a task; yield the endpoint once the port file appears."""
-    port_file = tmp_path / "port"
-    port_file.unlink(missing_ok=True)
-    task = asyncio.create_task(serve(servicers or [(REWARD, LengthReward())], role="test",
-                                     port_file=str(port_file), grace_s=0.5, **kw))
-    for _ in range(500):
-        if port_file.exists() or task.done():
-            break
-        await asyncio.sleep(0.01)
-    if task.done():
-        task.result()  # raise the startup error
-    try:
-        yield f"127.0.0.1:{int(port_file.read_text())}"
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+def running(tmp_path, servicers=None, **kw):
+    """The reward servicer above (or `servicers`) served in process; yields the endpoint."""
+    return serving(tmp_path, servicers or [(REWARD, LengthReward())], **kw)
 
 
 def request(texts, **tensors) -> reward_pb2.ScoreRequest:
@@ -184,6 +178,20 @@ def test_garbage_bytes_and_plain_exception(tmp_path):
                 await client.call("Score", request(["boom"]))
             await assert_good_call(client)
             await channel.close()
+            await client.close()
+    asyncio.run(main())
+
+
+def test_a_base_exception_is_answered_at_once(tmp_path):
+    async def main():
+        async with running(tmp_path) as ep:
+            client = ServiceClient(ep, reward_pb2_grpc.RewardServiceStub, timeout_s=30)
+            t0 = time.perf_counter()
+            with pytest.raises(errors.Internal) as ei:
+                await client.call("Score", request(["fatal"]))
+            assert time.perf_counter() - t0 < 5  # an answer, not the 30 s deadline
+            assert str(ei.value) == "RewardService.Score: Fatal: the disk said no"  # its first line
+            await assert_good_call(client)
             await client.close()
     asyncio.run(main())
 
