@@ -18,7 +18,7 @@ Deliberately not here: the loop itself (controller/async_loop.py), the phases (c
 from __future__ import annotations
 
 import time
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
@@ -86,16 +86,14 @@ async def train_async(run) -> None:
     run.cursor = PendingCursor(run.cursor, loop)  # every checkpoint from here on, the final one too
 
     async def after_step(step: int, metrics: dict) -> None:
-        last = step == t.total_training_steps  # the final validation and checkpoint follow
-        if t.test_freq and step % t.test_freq == 0 and not last:
+        @asynccontextmanager
+        async def validating():  # the producer paused, the rollout on the weights being validated
             async with loop.paused(), loop.weights_lock:
                 if loop.rollout_version != loop.actor_version:
                     metrics.update(await loop.sync_locked())
-                metrics.update(await run._validate(step))
-        run.tracking.log(metrics, step=step)
-        run.steps.done = step
-        if t.save_freq and step % t.save_freq == 0 and not last:
-            await checkpointing.save(run.roles, run.run_dir, run.state_dict())
+                yield
+
+        await run.after_step(step, metrics, validating)
         phases.t_last = time.perf_counter()  # timing_s/step: validation and checkpoints left out, as in sync
 
     t0 = time.time()

@@ -27,6 +27,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import asdict
 
 from tandem.algos.kl import get_kl_controller
@@ -272,16 +274,25 @@ class Run:
         for step in range(self.steps.done + 1, t.total_training_steps + 1):
             self.cancel.check()
             self.roles.set_step(step)
-            metrics = await ppo_step(ctx, self.next_prompts, step)
-            last = step == t.total_training_steps  # the final validation and checkpoint follow
-            if t.test_freq and step % t.test_freq == 0 and not last:
-                metrics.update(await self._validate(step))
-            self.tracking.log(metrics, step=step)
-            self.steps.done = step
-            self.completed_state = self.state_dict()
-            if t.save_freq and step % t.save_freq == 0 and not last:
-                await self._save()
+            await self.after_step(step, await ppo_step(ctx, self.next_prompts, step))
         self.summary["rl_time_s"] = time.time() - t0
+
+    async def after_step(self, step: int, metrics: dict[str, float],
+                         validating: Callable[[], AbstractAsyncContextManager] = nullcontext) -> None:
+        """What follows every RL step, in the synchronous and the asynchronous loop: validation and a
+        checkpoint on their cadence (the last step's come with the end of the run), the step's metrics
+        logged, the step counted done. `validating`: held around a validation (the asynchronous loop
+        pauses its producer and brings the rollout to the actor's weights)."""
+        t = self.cfg.trainer
+        last = step == t.total_training_steps
+        if t.test_freq and step % t.test_freq == 0 and not last:
+            async with validating():
+                metrics.update(await self._validate(step))
+        self.tracking.log(metrics, step=step)
+        self.steps.done = step
+        self.completed_state = self.state_dict()
+        if t.save_freq and step % t.save_freq == 0 and not last:
+            await self._save()
 
     async def _finish(self) -> None:
         """Validation after the last step, rl_gain, and the final checkpoint."""
