@@ -160,8 +160,8 @@ def load_config_with_notices(path: str | None = None, overrides: list[str] | Non
     tandem = dict(translation.tandem)
     if verl_config or settings.verl_base:
         tandem = {**base_settings(user, settings.deleted, keys), **tandem}
-        translation.notes.append(f"started from verl's defaults ({verl_config or 'the YAML'}'s "
-                                 f"{' '.join(VERL_CONFIG_NAMES)}) for every key not set; see README, 'Coming from verl'")
+        translation.notes.append(f"started from verl's defaults ({verl_config or 'named by the YAML'}) for every "
+                                 "key not set; see README, 'Coming from verl'")
     if "trainer.total_epochs" in user and "trainer.total_training_steps" not in user:
         tandem["trainer.total_training_steps"] = None  # verl: epochs decide unless steps are set
     merged = _merge(base, tandem, problems)

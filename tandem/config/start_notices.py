@@ -6,8 +6,11 @@ from tandem.config.schema import TandemConfig
 
 def start_notices(cfg: TandemConfig, has_cuda: bool) -> list[str]:
     """One line per such choice (megatron.dtype auto: bfloat16 on GPUs, float32 on CPUs)."""
-    roles = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor.megatron, "critic": cfg.critic.megatron,
-             "reward_model": cfg.reward_model.megatron}
+    roles = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor.megatron}
+    if cfg.algorithm.adv_estimator == "gae":
+        roles["critic"] = cfg.critic.megatron
+    if cfg.reward_model.enable:
+        roles["reward_model"] = cfg.reward_model.megatron
     auto = [f"{role}.megatron.dtype" for role, m in roles.items() if m.dtype == "auto"]
     if not auto:
         return []

@@ -95,11 +95,16 @@ def _nnodes(value, get) -> dict:
 
 def _rollout_tp(value, get) -> dict:
     """verl's generation TP is its engine's own; a colocated rollout generates on the actor's modules,
-    so a TP other than the actor's (or 1) becomes the actor's. Standalone: the rollout's own TP."""
+    so a TP other than the actor's (or 1) becomes the actor's, and behind a pipeline-parallel actor 1
+    (a whole TP=1 copy on every rank, the only colocated way). Standalone: the rollout's own TP."""
     actor_tp = get("actor_rollout_ref.actor.megatron.tensor_model_parallel_size")
-    colocated = get("actor_rollout_ref.rollout.mode") != "standalone"
-    return {"actor_rollout_ref.rollout.tensor_model_parallel_size":
-            None if colocated and value not in (1, actor_tp) else value}
+    if get("actor_rollout_ref.rollout.mode") == "standalone":
+        tp = value
+    elif get("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size") not in (1, None):
+        tp = 1
+    else:
+        tp = None if value not in (1, actor_tp) else value
+    return {"actor_rollout_ref.rollout.tensor_model_parallel_size": tp}
 
 
 def _logger_list(value, get) -> dict:
@@ -386,7 +391,8 @@ RULES: tuple[Rule, ...] = (
     # ---- verl's values of Tandem keys that Tandem writes otherwise ----
     mapped("trainer.logger", "trainer.logger as a list", _logger_list, when=lambda v: isinstance(v, str)),
     mapped("actor_rollout_ref.rollout.tensor_model_parallel_size", "a colocated rollout generates at the actor's "
-           "TP (or 1): verl's engine TP becomes the actor's", _rollout_tp, when=lambda v: isinstance(v, int) and v > 1),
+           "TP (or 1): verl's engine TP becomes the actor's, and 1 behind a pipeline-parallel actor", _rollout_tp,
+           when=lambda v: isinstance(v, int) and v > 1),
     mapped("async_training.staleness_threshold", "a whole number of weight versions", _staleness,
            when=lambda v: isinstance(v, float) and not v.is_integer()),
 )

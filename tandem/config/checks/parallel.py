@@ -41,9 +41,9 @@ def _check_role(cfg: TandemConfig, role: str, key: str, m: MegatronConfig, hf: d
           f"{world} is not a multiple of tensor x pipeline x expert parallel = {tp} x {pp} x {ep}")
     check_transformer_overrides(key, m)
     check_moe(key, m, hf)
-    check(role != "actor" or pp == 1 or cfg.actor_rollout_ref.model.path is None, f"{key}.pipeline_model_parallel_size",
-          f"{pp} with actor_rollout_ref.model.path: Hugging Face weights import at pipeline_model_parallel_size=1 "
-          "only (tandem/convert/hf_load.py); use tensor_model_parallel_size, or PP with the built-in shape")
+    check(role != "actor" or pp == 1 or not num_experts(hf), f"{key}.pipeline_model_parallel_size",
+          f"{pp} with a mixture-of-experts actor_rollout_ref.model.path: its Hugging Face weights import at "
+          "pipeline_model_parallel_size=1 only (tandem/convert/hf_load.py); use tensor or expert parallelism")
     dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
     n = cfg.actor_rollout_ref.rollout.n
     section = "actor_rollout_ref.actor" if role == "actor" else "critic"
