@@ -154,7 +154,7 @@ def load_config_with_notices(path: str | None = None, overrides: list[str] | Non
     settings = _user_settings(path, list(overrides or []), problems, text)
     user = settings.user
     keys = TandemKeys.of_schema()
-    translation = translate(user, keys)
+    translation = translate(user, keys, verl_first=bool(verl_config or settings.verl_base))
     translation.notes += settings.notices
     problems += translation.problems
     tandem = dict(translation.tandem)

@@ -179,11 +179,15 @@ def refusal(key: str, value: Any, why: str) -> str:
     return f"verl key {key!r} is not supported by Tandem ({key}={value!r}: {why})"
 
 
-def translate(user: dict[str, Any], keys: TandemKeys) -> Translation:
-    """Classify every user setting; Tandem keys set directly win over those a mapping sets."""
+def translate(user: dict[str, Any], keys: TandemKeys, verl_first: bool = False) -> Translation:
+    """Classify every user setting; Tandem keys set directly win over those a mapping sets.
+    verl_first: a key the user did not set has verl's default before Tandem's (a run started from
+    verl's defaults), as the rules that read other keys must see."""
     def get(key: str) -> Any:
         if key in user:
             return user[key]
+        if verl_first and key in verl_defaults():
+            return verl_defaults()[key]
         return keys.defaults[key] if key in keys.defaults else verl_defaults().get(key)
 
     outcomes = [classify(k, v, keys, get) for k, v in user.items()]

@@ -322,7 +322,7 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.rollout.agent.*", "agent loops are not offered"),
     refused("actor_rollout_ref.rollout.checkpoint_engine.backend",
             "a standalone rollout pulls weights over the weight plane: use actor_rollout_ref.rollout.weight_sync.transport"),
-    mapped("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+    mapped("actor_rollout_ref.rollout.*update_weights_bucket_megabytes",
            "the weight plane's NCCL buckets are actor_rollout_ref.rollout.weight_sync.bucket_mb (256 MiB)"),
     refused("actor_rollout_ref.rollout.checkpoint_engine.*",
             "a standalone rollout pulls weights over the weight plane: see actor_rollout_ref.rollout.weight_sync.*"),
