@@ -1,4 +1,5 @@
-"""`tandem` command line: `tandem run [CONFIG.yaml] [key=value ...]`; `tandem conformance HOST:PORT`
+"""`tandem` command line: `tandem run [CONFIG.yaml] [--config-path DIR --config-name NAME] [--dry-run]
+[overrides ...]` (tandem/config/cli_args.py); `tandem conformance HOST:PORT`
 (tandem/reward/conformance.py: does a reward service keep the RewardService contract); the
 controller service's commands (`tandem serve | submit | status | logs | cancel | list`,
 controller/service/cli.py).
@@ -25,11 +26,14 @@ def _parse(argv):
                                        "(tandem COMMAND -h)")
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run a whole job locally (starts the services it needs)")
-    r.add_argument("args", nargs="*", metavar="CONFIG.yaml | key=value",
-                   help="an optional YAML config, then dotted overrides (verl's key names)")
+    r.add_argument("args", nargs=argparse.REMAINDER, metavar="[CONFIG.yaml] [--config-path DIR --config-name NAME] "
+                   "[--dry-run] [key=value ...]", help="a YAML config or verl's config name, then overrides in "
+                   "Hydra's grammar (verl's key names); --dry-run: check everything and print the resolved config")
     from tandem.reward.conformance import add_arguments
 
     add_arguments(sub.add_parser("conformance", help="check a reward service against the RewardService contract"))
+    if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv[1:]):
+        argv = ["run", "--", *argv[1:]]  # run's options (--config-name, --dry-run) are read by cli_args
     return p.parse_args(argv)
 
 
@@ -44,19 +48,27 @@ def main(argv=None) -> int:
         from tandem.reward.conformance import main_from_args
 
         return main_from_args(ns)
-    from tandem.config import ConfigError, load_config_with_notices
-    from tandem.controller.command_line import check_before_start, split_args
+    from tandem.config import ConfigError, load_config_with_notices, to_yaml
+    from tandem.config.cli_args import parse_run_args
+    from tandem.config.start_notices import start_notices
+    from tandem.controller.command_line import check_before_start
     from tandem.logging import configure_logging
+    from tandem.parallel.device import has_cuda
 
+    args = parse_run_args(ns.args[1:] if ns.args[:1] == ["--"] else ns.args)
     try:
-        config_path, overrides = split_args(ns.args)
-        cfg, taken = load_config_with_notices(config_path, overrides)
+        cfg, taken = load_config_with_notices(args.config_file, args.overrides, verl_config=args.verl_config,
+                                              files=True, problems=args.problems)
         check_before_start(cfg)
     except (ConfigError, FileNotFoundError) as e:
         print(f"tandem: config error: {e}", file=sys.stderr)
         return 2
-    for notice in taken.notices:  # what each verl key Tandem maps became
+    for notice in taken.notices + start_notices(cfg, has_cuda()):  # what verl's keys became, what is chosen
         print(f"tandem: {notice}", file=sys.stderr)
+    if args.dry_run:
+        print(to_yaml(cfg), end="")
+        print("tandem: dry run: the config is valid; nothing was started", file=sys.stderr)
+        return 0
     configure_logging(role="controller", level="WARNING")
     from tandem.controller import interrupt
     from tandem.controller.launchers.start_failure import ServiceStartFailed

@@ -210,10 +210,11 @@ class Run:
 
     async def _warm_start(self) -> None:
         """Before RL: accuracy of the initial policy, SFT, reference := policy, critic trunk
-        from the policy, and validation at step 0."""
+        from the policy, and validation at step 0 (the two accuracies with trainer.val_before_train)."""
         t, roles = self.cfg.trainer, self.roles
         await roles.sync_rollout(force=True)
-        self.summary["val_accuracy_init"] = await self._greedy_accuracy()
+        if t.val_before_train:
+            self.summary["val_accuracy_init"] = await self._greedy_accuracy()
         if t.sft.total_steps > 0:
             t0 = time.time()
             with self.tracking.phase("sft", t.sft.total_steps) as bar:
@@ -228,9 +229,10 @@ class Run:
         if roles.critic is not None and self.cfg.critic.init_from_policy:
             path = await roles.actor.save_checkpoint(os.path.join(self.run_dir, "checkpoints", "init", "actor"))
             await roles.critic.load_checkpoint(path, trunk_only=True)
-        metrics = await self._validate(step=0)
-        self.summary["val_accuracy_after_sft"] = metrics.get("val/accuracy")
-        self.tracking.log(metrics or {"val/accuracy": 0.0}, step=0)
+        if t.val_before_train:  # verl's key: false starts RL without validating first
+            metrics = await self._validate(step=0)
+            self.summary["val_accuracy_after_sft"] = metrics.get("val/accuracy")
+            self.tracking.log(metrics or {"val/accuracy": 0.0}, step=0)
 
     async def _restore(self, ckpt: str) -> None:
         """Policy, reference, optimizers and critic as they were, then this object's state;

@@ -53,14 +53,19 @@ def sft_batch(examples: list[Example], tokenizer) -> DataProto:
 # stop_at_accuracy "auto" on the built-in task. Stopped here, at the start of its sharp rise, RL
 # gained +0.2 to +0.4 for every seed and thread count measured (bench/RESULTS.md, "built-in task").
 BUILTIN_STOP_AT_ACCURACY = 0.4
+# total_steps "auto" on the built-in task (with its stop, the most it runs); the user's data gets none, as in verl
+BUILTIN_TOTAL_STEPS = 4000
 
 
 def resolve_stop(sft: SftConfig, builtin_task: bool) -> SftConfig:
-    """stop_at_accuracy "auto" -> BUILTIN_STOP_AT_ACCURACY on the built-in task, None (run
-    total_steps) on the user's data; other values as they are."""
-    if sft.stop_at_accuracy != "auto":
-        return sft
-    return replace(sft, stop_at_accuracy=BUILTIN_STOP_AT_ACCURACY if builtin_task else None)
+    """total_steps "auto" -> BUILTIN_TOTAL_STEPS on the built-in task, 0 (no warm start) on the
+    user's data; stop_at_accuracy "auto" -> BUILTIN_STOP_AT_ACCURACY on the built-in task, None
+    (run total_steps) on the user's data; other values as they are."""
+    if sft.total_steps == "auto":
+        sft = replace(sft, total_steps=BUILTIN_TOTAL_STEPS if builtin_task else 0)
+    if sft.stop_at_accuracy == "auto":
+        sft = replace(sft, stop_at_accuracy=BUILTIN_STOP_AT_ACCURACY if builtin_task else None)
+    return sft
 
 
 def _stop(sft: SftConfig) -> float | None:

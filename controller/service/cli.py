@@ -122,16 +122,21 @@ def _serve(ns) -> int:
 
 
 def _submit(client: ControllerClient, ns) -> int:
-    from tandem.config import ConfigError
-    from tandem.controller.command_line import split_args
+    from tandem.config.cli_args import parse_run_args
 
+    args = parse_run_args(ns.args)
+    path = args.config_file
+    if args.verl_config or args.dry_run:  # (a verl config name is resolved where `tandem run` runs)
+        args.problems.append("tandem submit takes a YAML file and overrides; --config-name of verl's configs and "
+                             "--dry-run are tandem run's (try the job with tandem run --dry-run first)")
     try:
-        path, args = split_args(ns.args)
+        if args.problems:
+            raise ValueError("\n".join(args.problems))
         text = open(path).read() if path else ""
-    except (ConfigError, OSError) as e:
+    except (ValueError, OSError) as e:
         print(f"tandem submit: config error: {e}", file=sys.stderr)
         return 2
-    record = client.submit(text, args, source=path or "")
+    record = client.submit(text, args.overrides, source=path or "")
     print(record["id"])
     return 0
 

@@ -14,6 +14,7 @@ import torch
 from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import OptimConfig, TandemConfig
+from tandem.config.transformer_overrides import passed_overrides
 from tandem.data.batch import DataProto
 from tandem.models.build import build_gpt_model
 from tandem.models.compile import compile_layers
@@ -41,15 +42,18 @@ class ActorWorker:
         self.architecture = _architecture(cfg.actor_rollout_ref.model.path)
         tp, pp, ep = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.expert_model_parallel_size
         dtype = device.parse_dtype(mcfg.dtype)
-        sp = mcfg.sequence_parallel
-        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp)
+        sp, over = mcfg.sequence_parallel, passed_overrides(mcfg)
+        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
+                                      overrides=over)
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
             from tandem.convert.hf_load import load_hf_weights
 
             load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
                             ps.get_tensor_model_parallel_rank(), tp)
         self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
-        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp)  # megatron modules hold process groups: no deepcopy
+        # megatron modules hold process groups: no deepcopy
+        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
+                                   overrides=over)
         if self.actor_cfg.use_torch_compile and device.has_cuda():
             compile_layers(self.policy)
             compile_layers(self.ref)
@@ -58,7 +62,8 @@ class ActorWorker:
         # load-balancing loss counts each row's own tokens, so rows keep their prompts
         self.share_prompts = self.shape.moe is None
         self._copy_to_reference()
-        self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim)
+        per_step = max(1, cfg.data.train_batch_size // self.actor_cfg.ppo_mini_batch_size) * self.actor_cfg.ppo_epochs
+        self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim, cfg.trainer.total_training_steps, per_step)
         self.sft_optimizer: Optimizer | None = None
         self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
         self.exported: dict[str, torch.Tensor] | None = None  # stage_export's copy (rank 0)

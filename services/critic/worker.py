@@ -14,6 +14,7 @@ import torch
 from tandem import checkpoint
 from tandem.algos import metrics as M
 from tandem.config import TandemConfig
+from tandem.config.transformer_overrides import passed_overrides
 from tandem.data.batch import DataProto
 from tandem.models.scalar_head import build_scalar_model
 from tandem.models.shape_from_config import model_shape
@@ -35,9 +36,10 @@ class CriticWorker:
         m = cfg.critic.megatron
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
-        self.model = build_scalar_model(self.shape, m, self.critic_cfg.use_torch_compile)
+        self.model = build_scalar_model(self.shape, m, self.critic_cfg.use_torch_compile, passed_overrides(m))
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
-        self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim)
+        per_step = max(1, cfg.data.train_batch_size // self.critic_cfg.ppo_mini_batch_size) * self.critic_cfg.ppo_epochs
+        self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim, cfg.trainer.total_training_steps, per_step)
         self.load_balancing = load_balancing(self.model, self.shape, m, cfg.actor_rollout_ref.model)
         self.memory = MemoryPhases(CRITIC_PHASES, idle_after_call=True)
         self.memory.add(params_group("params", self.model, m.param_offload))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from tandem.config.transformer_overrides import passed_overrides
 from tandem.data.batch import DataProto
 from tandem.models.registry import read_hf_config, shape_from_hf_config
 from tandem.models.scalar_head import build_scalar_model, sequence_scores
@@ -39,7 +40,7 @@ class RewardModelWorker:
         self.shape = shape_from_hf_config(hf)
         self.vocab_size = self.shape.vocab_size
         self.pad_token_id = hf.get("pad_token_id")  # transformers reads the score at the last token not equal to it
-        self.model = build_scalar_model(self.shape, rm.megatron)
+        self.model = build_scalar_model(self.shape, rm.megatron, overrides=passed_overrides(rm.megatron))
         load_hf_weights(self.model, rm.model.path, self.shape, ps.get_tensor_model_parallel_rank(),
                         rm.megatron.tensor_model_parallel_size)
         self.model.eval()

@@ -6,8 +6,13 @@ same resolved file and take their own section.
 
 - schema.py: the dataclasses (keys, defaults, what each means);
 - load.py: load_config, to_yaml;
+- cli_args.py, overrides.py: `tandem run`'s arguments (--config-path / --config-name / --dry-run) and
+  overrides in Hydra's grammar;
 - verl_keys.py, verl_compat.py, verl_defaults.yaml: verl's keys Tandem does not have under the same
   name (mapped or refused, with why), and classifying every key a user sets (unknown-key hints);
+- verl_base.py: verl's defaults as a run's start (verl's config name), Tandem's that differ, and why;
+- transformer_overrides.py: which megatron.override_transformer_config fields reach megatron-core;
+- start_notices.py: what a run chooses by the machine it runs on (megatron.dtype auto), said at start;
 - errors.py: ConfigError and the check helper;
 - checks/: validate() and the value checks, one module per topic;
 - model_file.py: what is read from the model's config.json (heads, experts, MoE checks,

@@ -38,7 +38,17 @@ class OptimConfig:
     weight_decay: float = 0.0
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     clip_grad: float = 1.0
-    lr_warmup_steps: int = 0
+    lr_warmup_steps: int = 0  # < 0: lr_warmup_steps_ratio x the schedule's steps (verl's)
+    # verl's LR schedule keys, run by megatron-core's OptimizerParamScheduler (tandem/train/optim.py):
+    # warmup from lr_warmup_init to lr, then lr_decay_style (constant | linear | cosine |
+    # inverse-square-root | WSD) down to min_lr over lr_decay_steps (None: trainer.total_training_steps)
+    lr_warmup_steps_ratio: float = 0.0
+    lr_warmup_init: float = 0.0
+    lr_decay_steps: Optional[int] = None
+    lr_decay_style: str = "constant"
+    min_lr: float = 0.0
+    lr_wsd_decay_style: str = "exponential"  # WSD's final decay: exponential | linear | cosine
+    lr_wsd_decay_steps: Optional[int] = None  # WSD: steps of the final decay
     # verl's key: megatron-core OptimizerConfig fields; Tandem takes its CPU optimizer offload
     # (HybridDeviceOptimizer): optimizer_cpu_offload, optimizer_offload_fraction,
     # overlap_cpu_optimizer_d2h_h2d, use_precision_aware_optimizer (checks/memory.py)
@@ -50,9 +60,12 @@ class MegatronConfig:
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1  # megatron-core's pipeline schedules (gloo p2p on CPU)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
-    sequence_parallel: bool = False  # split norms/activations along the sequence over TP (needs TP > 1)
-    expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP (expert TP = TP)
-    dtype: str = "float32"  # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer)
+    sequence_parallel: bool = True  # split norms/activations along the sequence over TP (only at TP > 1)
+    expert_model_parallel_size: int = 1  # MoE: experts split over EP ranks, carved out of DP
+    expert_tensor_parallel_size: Optional[int] = None  # MoE: None or tensor_model_parallel_size (expert TP = TP)
+    # parameters: float32 | bfloat16 (bf16 keeps fp32 main weights in the optimizer) | auto (bfloat16 on GPUs,
+    # float32 on CPUs: tandem/parallel/device.py decides where the model is built)
+    dtype: str = "auto"
     seed: int = 1
     # verl's offload keys (tandem/train/phases.py): while the role runs a phase that does not use
     # them, parameters wait in pinned host memory, gradient buffers are dropped, optimizer state
@@ -60,7 +73,9 @@ class MegatronConfig:
     param_offload: bool = False
     grad_offload: bool = False
     optimizer_offload: bool = False
-    # verl's key; only the MoE router load-balancing loss is read from it (model_file.OVERRIDE_KEYS)
+    # verl's key: megatron-core TransformerConfig fields; the ones that apply to Tandem's layer spec are
+    # passed through (activation recomputation, ...), the MoE router loss is read by Tandem, the rest
+    # are refused naming why (tandem/config/transformer_overrides.py)
     override_transformer_config: Dict[str, Any] = field(default_factory=dict)
 
 
@@ -277,7 +292,9 @@ class DataConfig:
 
 @dataclass
 class SftConfig:
-    total_steps: int = 4000  # 0 = no SFT warm start; with stop_at_accuracy: the most steps
+    # 0 = no SFT warm start; with stop_at_accuracy: the most steps. "auto": 4000 on the built-in task,
+    # 0 on your data (data.train_files: verl runs no warm start), resolved with the run directory
+    total_steps: Any = "auto"
     batch_size: int = 128
     lr: float = 3e-3
     weight_decay: float = 0.0
@@ -302,6 +319,7 @@ class TrainerConfig:
     default_local_dir: str = "runs"
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
+    val_before_train: bool = True  # validate before RL (step 0, after the warm start); verl's key
     # checkpoint every N RL steps (0 = only at the end); with max_restarts > 0 also after the warm
     # start (global_step_0). A crash loses at most N steps of work; each save costs one checkpoint write.
     save_freq: int = 10

@@ -17,10 +17,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tandem.config.schema import TandemConfig
-from tandem.config.verl_keys import HONOURED, MAPPED, REFUSED, RULES, Rule
+from tandem.config.verl_keys import HONOURED, MAPPED, REFUSED, RULES, BadValue, Rule
 
 UNKNOWN = "unknown"
 VERL_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "verl_defaults.yaml")
@@ -30,6 +30,11 @@ VERL_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "verl_defaults.yaml
 def verl_defaults() -> dict[str, Any]:
     """verl's Megatron trainer keys and their defaults (verl_defaults.yaml), flat."""
     return dict(OmegaConf.to_container(OmegaConf.load(VERL_DEFAULTS_FILE)))
+
+
+def overlaps(a: str, b: str) -> bool:
+    """The same dotted key, or one inside the other."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -66,17 +71,32 @@ class TandemKeys:
                 elif isinstance(child, DictConfig):
                     walk(child, key + ".")
                 else:
-                    defaults[key] = child._value()
+                    defaults[key] = OmegaConf.to_container(child) if isinstance(child, ListConfig) else child._value()
                     if child._is_optional():
                         optional.add(key)
         walk(base, "")
         return cls(defaults, frozenset(free), frozenset(optional))
+
+    @classmethod
+    def of_schema(cls) -> TandemKeys:
+        return _schema_keys()
 
     def has(self, key: str) -> bool:
         return key in self.defaults or self.under_free_form(key)
 
     def under_free_form(self, key: str) -> bool:
         return any(key.startswith(f + ".") for f in self.free_form)
+
+
+@functools.cache
+def schema() -> DictConfig:
+    """TandemConfig as an OmegaConf node, built once (building it takes seconds); copy it to change it."""
+    return OmegaConf.structured(TandemConfig)
+
+
+@functools.cache
+def _schema_keys() -> TandemKeys:
+    return TandemKeys.of(schema())
 
 
 @dataclass
@@ -93,6 +113,7 @@ class Outcome:
 class Translation:
     tandem: dict[str, Any]  # Tandem dotted key -> value
     outcomes: list[Outcome]
+    notes: list[str] = field(default_factory=list)  # notices not tied to one key (Hydra sections, verl's defaults)
 
     def of_kind(self, kind: str) -> list[Outcome]:
         return [o for o in self.outcomes if o.kind == kind]
@@ -103,7 +124,7 @@ class Translation:
 
     @property
     def notices(self) -> list[str]:
-        return [o.message for o in self.of_kind(MAPPED) if not o.verl_default]
+        return [o.message for o in self.of_kind(MAPPED) if not o.verl_default] + self.notes
 
 
 def rule_for(key: str, value: Any, tandem_key: bool) -> Rule | None:
@@ -143,7 +164,9 @@ def classify(key: str, value: Any, keys: TandemKeys, get) -> Outcome:
         return Outcome(key, value, REFUSED, refusal(key, value, rule.why))
     try:
         updates = rule.apply(value, get) if rule.apply else {}
-    except ValueError as e:
+    except BadValue as e:  # an empty, null or list count: the key is fine, its value is not
+        return Outcome(key, value, REFUSED, f"{key}: {e}")
+    except (ValueError, TypeError) as e:
         return Outcome(key, value, REFUSED, refusal(key, value, str(e)))
     return Outcome(key, value, MAPPED, f"verl key {key}={value!r} -> {rule.why}", updates,
                    verl_default=not updates and _same(value, verl_defaults().get(key, _NOTHING)))
@@ -156,11 +179,15 @@ def refusal(key: str, value: Any, why: str) -> str:
     return f"verl key {key!r} is not supported by Tandem ({key}={value!r}: {why})"
 
 
-def translate(user: dict[str, Any], keys: TandemKeys) -> Translation:
-    """Classify every user setting; Tandem keys set directly win over those a mapping sets."""
+def translate(user: dict[str, Any], keys: TandemKeys, verl_first: bool = False) -> Translation:
+    """Classify every user setting; Tandem keys set directly win over those a mapping sets.
+    verl_first: a key the user did not set has verl's default before Tandem's (a run started from
+    verl's defaults), as the rules that read other keys must see."""
     def get(key: str) -> Any:
         if key in user:
             return user[key]
+        if verl_first and key in verl_defaults():
+            return verl_defaults()[key]
         return keys.defaults[key] if key in keys.defaults else verl_defaults().get(key)
 
     outcomes = [classify(k, v, keys, get) for k, v in user.items()]
@@ -181,6 +208,9 @@ def nearest_keys(key: str, candidates: list[str], n: int = 3) -> list[str]:
     """Close names for a key: siblings with a similar last name, else keys ending in the same name,
     else whole keys that are nearly the same."""
     parent, _, leaf = key.rpartition(".")
+    joined = f"{parent.rpartition('.')[0]}.{parent.rpartition('.')[2]}_{leaf}".lstrip(".")
+    if joined in candidates:  # verl's older nested names: actor.kl_loss.coef -> actor.kl_loss_coef
+        return [joined]
     siblings = {c.rpartition(".")[2]: c for c in candidates if c.rpartition(".")[0] == parent}
     near = difflib.get_close_matches(leaf, list(siblings), n=n, cutoff=0.6)
     if near:
@@ -202,7 +232,7 @@ def unknown_key_message(key: str, keys: TandemKeys) -> str:
 
 def rules_markdown() -> str:
     """The README's three groups: verl keys Tandem has (honoured), mapped, refused (python -m prints it)."""
-    keys = TandemKeys.of(OmegaConf.structured(TandemConfig))
+    keys = TandemKeys.of_schema()
     same = sorted(k for k in verl_defaults() if k in keys.defaults or
                   (keys.under_free_form(k) and rule_for(k, _NOTHING, False) is None))
     lines = ["Honoured (Tandem's key, verl's meaning): " + ", ".join(f"`{k}`" for k in same) + ".", "",
@@ -222,7 +252,9 @@ def _cell(text: str) -> str:
 
 def _when_text(rule: Rule) -> str:
     return {"trainer.save_freq": "-1", "trainer.test_freq": "-1", "actor_rollout_ref.rollout.mode": "sync, async",
-            "algorithm.rollout_correction.rollout_is": "set"}.get(rule.pattern, "some values")
+            "algorithm.rollout_correction.rollout_is": "set", "trainer.logger": "a string",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size": "> 1",
+            "async_training.staleness_threshold": "a fraction"}.get(rule.pattern, "some values")
 
 
 if __name__ == "__main__":

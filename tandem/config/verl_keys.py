@@ -59,10 +59,27 @@ def follows(key: str, why: str) -> Apply:
     return apply
 
 
+class BadValue(ValueError):
+    """A value of the wrong kind for its key (not a refusal of what the key asks for)."""
+
+
+def whole(value, minimum: int = 1) -> int:
+    """`value` as a whole number >= minimum; BadValue otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
+        shown = "empty (an unset shell variable?)" if value == "" else repr(value)
+        raise BadValue(f"must be a whole number >= {minimum}, got {shown}")
+    return int(value)
+
+
 def _world_sizes(value, get) -> dict:
     """verl's GPUs (n_gpus_per_node x nnodes) -> the ranks of each model service Tandem starts.
     Every role's rank r uses GPU r, as verl colocates its roles on all GPUs."""
-    gpus = int(get("trainer.n_gpus_per_node")) * int(get("trainer.nnodes"))
+    whole(value)
+    try:
+        nnodes = whole(get("trainer.nnodes"))
+    except ValueError:
+        nnodes = 1  # a bad trainer.nnodes is reported on its own
+    gpus = whole(get("trainer.n_gpus_per_node")) * nnodes
     out = {"services.actor.world_size": gpus}
     if get("algorithm.adv_estimator") == "gae":
         out["services.critic.world_size"] = gpus
@@ -72,10 +89,34 @@ def _world_sizes(value, get) -> dict:
 
 
 def _nnodes(value, get) -> dict:
-    if int(value) != 1:
-        raise ValueError("verl's node count is not mapped: place each service's ranks across machines with "
-                         "trainer.launcher=ray (services.<role>.ray) or compose, and services.<role>.world_size")
-    return {}
+    """Several nodes: Ray places each service's ranks across them, as verl's workers run on Ray."""
+    return {} if whole(value) == 1 else {"trainer.launcher": "ray"}
+
+
+def _rollout_tp(value, get) -> dict:
+    """verl's generation TP is its engine's own; a colocated rollout generates on the actor's modules,
+    so a TP other than the actor's (or 1) becomes the actor's, and behind a pipeline-parallel actor 1
+    (a whole TP=1 copy on every rank, the only colocated way). Standalone: the rollout's own TP."""
+    actor_tp = get("actor_rollout_ref.actor.megatron.tensor_model_parallel_size")
+    if get("actor_rollout_ref.rollout.mode") == "standalone":
+        tp = value
+    elif get("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size") not in (1, None):
+        tp = 1
+    else:
+        tp = None if value not in (1, actor_tp) else value
+    return {"actor_rollout_ref.rollout.tensor_model_parallel_size": tp}
+
+
+def _logger_list(value, get) -> dict:
+    """verl's trainer.logger as one string ("console", or "console,wandb") -> Tandem's list."""
+    return {"trainer.logger": [name.strip() for name in value.split(",") if name.strip()]}
+
+
+def _staleness(value, get) -> dict:
+    raise ValueError("verl's fully-async staleness_threshold is a fraction of a batch's samples that may come from "
+                     "older weights; Tandem's counts weight versions between a batch's generation and its update "
+                     "(a whole number: 1 is one step off, 0 on-policy): set async_training.staleness_threshold=1 "
+                     "to let generation run one step ahead")
 
 
 def _one_tokenizer(value, get) -> dict:
@@ -89,7 +130,11 @@ def _one_tokenizer(value, get) -> dict:
 
 def _rollout_is(value, get) -> dict:
     if value == "token":
-        return {"actor_rollout_ref.actor.tis_imp_ratio_cap": float(get("algorithm.rollout_correction.rollout_is_threshold"))}
+        cap = get("algorithm.rollout_correction.rollout_is_threshold")
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)):
+            raise BadValue(f"token-level truncated importance sampling needs a number as "
+                             f"algorithm.rollout_correction.rollout_is_threshold, got {cap!r}")
+        return {"actor_rollout_ref.actor.tis_imp_ratio_cap": float(cap)}
     raise ValueError(f"{value!r}: only token-level truncated importance sampling ('token') is offered "
                      "(actor_rollout_ref.actor.tis_imp_ratio_cap)")
 
@@ -98,7 +143,6 @@ MEMORY = "a memory/speed knob with no counterpart: memory is bounded by ppo_micr
          "per micro-batch, packed without padding, and by TP/PP/EP"
 ENGINE = "a setting of verl's vLLM/SGLang engines: Tandem generates with its own engine on the policy's " \
          "megatron modules (tandem/generation/)"
-SCHEDULE = "Tandem's LR schedule is linear warmup over optim.lr_warmup_steps, then constant"
 PROFILE = "verl's newer profiler settings are not offered: use verl's earlier `profile` keys, which Tandem " \
           "has (actor_rollout_ref.actor.profile.use_profile, .profile_ranks, .step_start, .step_end, .save_path; " \
           "also rollout.profile, critic.profile): torch.profiler traces by role, rank and step"
@@ -109,6 +153,8 @@ RM = "a setting of verl's reward-model workers: Tandem's reward model runs in th
 REWARD_PLUGIN = "use custom_reward_function.path (a compute_score file), a rule in services/reward/rules/, or a " \
                 "scorer behind protos/tandem/v1/reward.proto with services.reward.endpoint"
 REF = "the reference lives in the actor service, with the actor's layout and settings"
+DIST_CKPT = "weights load from model.path's Hugging Face safetensors (verl's converter made its megatron " \
+            "checkpoint from them; to start from other weights, write them in Hugging Face format)"
 MBS = "deprecated in verl; use the matching ..._micro_batch_size_per_gpu key"
 
 RULES: tuple[Rule, ...] = (
@@ -120,7 +166,6 @@ RULES: tuple[Rule, ...] = (
     mapped("actor_rollout_ref.rollout.mode", "Tandem's rollout.mode=colocated (verl's sync and async both "
            "generate in the hybrid engine, on the actor's GPUs; Tandem's values: colocated | standalone)",
            when=lambda v: v in ("sync", "async")),
-    mapped("*.megatron.override_transformer_config.recompute_*", MEMORY),
     mapped("*.megatron.override_transformer_config.attention_backend", "SDPA on CPU, torch's varlen flash "
            "attention on GPUs (tandem/models/attention.py)"),
     # ---- data ----
@@ -136,20 +181,23 @@ RULES: tuple[Rule, ...] = (
     refused("data.validation_shuffle", "validation takes the rows in file order"),
     refused("data.tool_config_path", "tool calling / multi-turn rollouts are not offered"),
     refused("data.image_*", MM), refused("data.video_key", MM), refused("data.return_multi_modal_inputs", MM),
-    refused("data.trust_remote_code", "only registered tokenizers and architectures load; no remote code"),
+    mapped("data.trust_remote_code", "no remote code runs: tokenizers load with transformers' own classes"),
     refused("data.custom_cls.*", "a custom dataset class is not loaded: write parquet/jsonl in verl's schema"),
     refused("data.sampler.*", "curriculum samplers are not offered: shuffled epochs (data.shuffle, data.seed)"),
     refused("data.datagen.*", "dynamic data generation is not offered"),
     # ---- model ----
     refused("actor_rollout_ref.model.hf_config_path", "config.json is read from actor_rollout_ref.model.path"),
     mapped("*.model.use_shm", MEMORY),
-    refused("*.model.trust_remote_code", "only registered architectures load (tandem/models/families/); no "
-            "remote code"),
+    mapped("*.model.trust_remote_code", "no remote code runs: only registered architectures load "
+           "(tandem/models/families/; another is refused naming them)"),
     refused("actor_rollout_ref.model.custom_chat_template", "put the template in the tokenizer's "
             "tokenizer_config.json (actor_rollout_ref.model.tokenizer_path)"),
     refused("*.model.external_lib", "only registered architectures load (tandem/models/families/)"),
+    mapped("*.model.override_config.model_config.max_position_embeddings", "RoPE positions need no table here: "
+           "a prompt and its response fit the model as config.json describes it"),
     refused("*.model.override_config.*", "the model's shape comes from its config.json"),
-    mapped("actor_rollout_ref.model.enable_gradient_checkpointing", MEMORY),
+    mapped("*.model.enable_gradient_checkpointing", "activation recomputation in megatron-core is "
+           "*.megatron.override_transformer_config.recompute_granularity (full | selective), as in verl"),
     mapped("actor_rollout_ref.model.enable_activation_offload", MEMORY),
     mapped("actor_rollout_ref.model.use_remove_padding", "micro-batches are always packed without padding"),
     refused("*.model.lora_*", LORA), refused("*.model.lora.*", LORA),
@@ -169,13 +217,9 @@ RULES: tuple[Rule, ...] = (
            "actor_rollout_ref.ref.megatron.param_offload)"),
     refused("actor_rollout_ref.ref.megatron.optimizer_offload", "the reference has no optimizer (its weights: "
            "actor_rollout_ref.ref.megatron.param_offload)"),
-    refused("*.megatron.expert_tensor_parallel_size", "expert tensor parallelism equals the role's "
-            "tensor_model_parallel_size"),
     refused("*.megatron.virtual_pipeline_model_parallel_size", "interleaved pipeline schedules are not offered"),
     refused("*.megatron.context_parallel_size", "context parallelism is not offered"),
-    refused("*.megatron.use_dist_checkpointing", "weights load from Hugging Face files (model.path); Tandem's own "
-            "dist_checkpointing checkpoints resume with trainer.resume_mode"),
-    refused("*.megatron.dist_checkpointing_*", "weights load from Hugging Face files (model.path)"),
+    mapped("*.megatron.use_dist_checkpointing", DIST_CKPT), mapped("*.megatron.dist_checkpointing_*", DIST_CKPT),
     refused("*.megatron.override_ddp_config*", "DDP is fixed: fp32 gradient reduction, per-token loss units"),
     refused("*.megatron.override_mcore_model_config*", "the model's shape comes from its config.json"),
     mapped("*.megatron.use_mbridge", "Hugging Face weights load through Tandem's family registry "
@@ -190,6 +234,8 @@ RULES: tuple[Rule, ...] = (
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", REF)),
     mapped("actor_rollout_ref.ref.megatron.expert_model_parallel_size", REF, follows(
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size", REF)),
+    mapped("actor_rollout_ref.ref.megatron.expert_tensor_parallel_size", REF, follows(
+        "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", REF)),
     mapped("actor_rollout_ref.ref.megatron.sequence_parallel", REF, follows(
         "actor_rollout_ref.actor.megatron.sequence_parallel", REF)),
     mapped("actor_rollout_ref.ref.megatron.dtype", REF, follows("actor_rollout_ref.actor.megatron.dtype", REF)),
@@ -202,11 +248,11 @@ RULES: tuple[Rule, ...] = (
     refused("*.load_weight", "every model starts from model.path (or the built-in shape's initialisation)"),
     # ---- optimizer ----
     refused("*.optim.optimizer", "megatron-core's Adam (decoupled weight decay, as AdamW)", "adamw"),
-    refused("*.optim.lr_warmup_steps_ratio", "set optim.lr_warmup_steps (steps) instead"),
-    refused("*.optim.total_training_steps", "the schedule's length is trainer.total_training_steps"),
-    refused("*.optim.lr_warmup_init", SCHEDULE), refused("*.optim.lr_decay_*", SCHEDULE),
-    refused("*.optim.min_lr", SCHEDULE), refused("*.optim.weight_decay_incr_style", SCHEDULE),
-    refused("*.optim.lr_wsd_*", SCHEDULE), refused("*.optim.use_checkpoint_opt_param_scheduler", SCHEDULE),
+    refused("*.optim.total_training_steps", "the schedule's length is optim.lr_decay_steps, else "
+            "trainer.total_training_steps"),
+    refused("*.optim.weight_decay_incr_style", "weight decay is constant (optim.weight_decay)"),
+    refused("*.optim.use_checkpoint_opt_param_scheduler", "a resumed run's LR schedule continues from its "
+            "checkpoint's step count, with the config's schedule keys"),
     # ---- actor / critic / ref micro-batching ----
     refused("*.ppo_micro_batch_size", MBS), refused("*.log_prob_micro_batch_size", MBS),
     mapped("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz", "old log-probs run in the update's micro-batches "
@@ -251,9 +297,9 @@ RULES: tuple[Rule, ...] = (
            "rollout.max_batch_size rows of max_prompt_length + max_response_length tokens, not a share of the GPU"),
     refused("actor_rollout_ref.rollout.ignore_eos", "generation stops at EOS"),
     mapped("actor_rollout_ref.rollout.enforce_eager", ENGINE), mapped("*.cudagraph_capture_sizes", ENGINE),
-    refused("actor_rollout_ref.rollout.data_parallel_size", "a colocated rollout generates on every actor rank; a "
-            "standalone rollout's data parallelism is services.rollout.world_size"),
-    refused("actor_rollout_ref.rollout.expert_parallel_size", "generation runs every expert on each rank"),
+    mapped("actor_rollout_ref.rollout.data_parallel_size", "a colocated rollout generates on every actor rank "
+           "(the actor's data parallelism); a standalone rollout's is services.rollout.world_size"),
+    mapped("actor_rollout_ref.rollout.expert_parallel_size", "generation runs every expert on each rank"),
     refused("actor_rollout_ref.rollout.pipeline_model_parallel_size", "generation does not run on pipeline stages"),
     mapped("actor_rollout_ref.rollout.max_num_seqs", "actor_rollout_ref.rollout.max_batch_size (rows decoded "
            "together)", to("actor_rollout_ref.rollout.max_batch_size")),
@@ -269,14 +315,14 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.rollout.do_sample", "training generation samples (set rollout.temperature)"),
     refused("actor_rollout_ref.rollout.over_sample_rate", "over-sampling is not offered; DAPO's "
             "algorithm.filter_groups generates more prompts instead"),
-    refused("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
+    mapped("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
     refused("actor_rollout_ref.rollout.multi_turn.*", "multi-turn / tool rollouts are not offered"),
     mapped("actor_rollout_ref.rollout.calculate_log_probs", "the rollout always returns its log-probs "
            "(training/rollout_probs_diff_*, truncated importance sampling)"),
     refused("actor_rollout_ref.rollout.agent.*", "agent loops are not offered"),
     refused("actor_rollout_ref.rollout.checkpoint_engine.backend",
             "a standalone rollout pulls weights over the weight plane: use actor_rollout_ref.rollout.weight_sync.transport"),
-    mapped("actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes",
+    mapped("actor_rollout_ref.rollout.*update_weights_bucket_megabytes",
            "the weight plane's NCCL buckets are actor_rollout_ref.rollout.weight_sync.bucket_mb (256 MiB)"),
     refused("actor_rollout_ref.rollout.checkpoint_engine.*",
             "a standalone rollout pulls weights over the weight plane: see actor_rollout_ref.rollout.weight_sync.*"),
@@ -301,6 +347,19 @@ RULES: tuple[Rule, ...] = (
     refused("reward_model.reward_loop_module_path", REWARD_PLUGIN),
     refused("reward_model.reward_loop_class_name", REWARD_PLUGIN),
     mapped("reward_model.launch_reward_fn_async", "the reward service scores while the controller waits on gRPC"),
+    # verl's DAPO reward manager's overlong shaping is Tandem's reward_model.overlong_buffer
+    mapped("reward_model.reward_kwargs.overlong_buffer_cfg.enable", "reward_model.overlong_buffer.enable",
+           to("reward_model.overlong_buffer.enable")),
+    mapped("reward_model.reward_kwargs.overlong_buffer_cfg.len", "reward_model.overlong_buffer.len",
+           to("reward_model.overlong_buffer.len")),
+    mapped("reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+           "reward_model.overlong_buffer.penalty_factor", to("reward_model.overlong_buffer.penalty_factor")),
+    mapped("reward_model.reward_kwargs.overlong_buffer_cfg.log", "reward_model.overlong_buffer.log (the "
+           "overlong metrics are always logged)", to("reward_model.overlong_buffer.log")),
+    mapped("reward_model.reward_kwargs.max_resp_len", "data.max_response_length",
+           follows("data.max_response_length", "the overlong buffer ends at data.max_response_length")),
+    refused("reward_model.reward_kwargs.*", "verl's reward manager arguments: Tandem's DAPO shaping is "
+            "reward_model.overlong_buffer; a reward function's arguments are custom_reward_function.reward_kwargs"),
     mapped("reward_model.*", RM),
     # ---- algorithm ----
     mapped("algorithm.rollout_correction.rollout_is", "actor_rollout_ref.actor.tis_imp_ratio_cap = "
@@ -315,12 +374,11 @@ RULES: tuple[Rule, ...] = (
     # ---- trainer ----
     mapped("trainer.n_gpus_per_node", "services.{actor, critic (gae), rollout (standalone)}.world_size = "
            "n_gpus_per_node x nnodes (each role's rank r on GPU r, colocated as in verl)", _world_sizes),
-    mapped("trainer.nnodes", "1: every rank from n_gpus_per_node (other counts: trainer.launcher=ray placement)",
-           _nnodes),
+    mapped("trainer.nnodes", "world sizes count its nodes' GPUs; several nodes: trainer.launcher=ray places "
+           "each service's ranks across them (services.<role>.ray)", _nnodes),
     mapped("trainer.balance_batch", "each mini-batch is split over data-parallel ranks in order"),
     mapped("trainer.esi_redundant_time", "no elastic-instance deadline"),
     refused("trainer.del_local_ckpt_after_load", "checkpoints are kept"),
-    refused("trainer.val_before_train", "Tandem always validates before RL (step 0)", True),
     refused("trainer.default_hdfs_dir", "checkpoints go to trainer.default_local_dir only"),
     refused("trainer.max_*_ckpt_to_keep", "every checkpoint is kept"),
     mapped("trainer.ray_wait_register_center_timeout", "no Ray: services.startup_timeout_s"),
@@ -330,4 +388,11 @@ RULES: tuple[Rule, ...] = (
     mapped("trainer.use_legacy_worker_impl", "Tandem's own services"),
     refused("transfer_queue.enable", "batches go between services over gRPC"),
     mapped("ray_kwargs.*", "no Ray: services are processes started by the launcher (controller/launchers/)"),
+    # ---- verl's values of Tandem keys that Tandem writes otherwise ----
+    mapped("trainer.logger", "trainer.logger as a list", _logger_list, when=lambda v: isinstance(v, str)),
+    mapped("actor_rollout_ref.rollout.tensor_model_parallel_size", "a colocated rollout generates at the actor's "
+           "TP (or 1): verl's engine TP becomes the actor's, and 1 behind a pipeline-parallel actor", _rollout_tp,
+           when=lambda v: isinstance(v, int) and v > 1),
+    mapped("async_training.staleness_threshold", "a whole number of weight versions", _staleness,
+           when=lambda v: isinstance(v, float) and not v.is_integer()),
 )

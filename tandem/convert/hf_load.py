@@ -11,13 +11,18 @@ Skipped on purpose: rotary `inv_freq` buffers (recomputed) and, for tied embeddi
 MoE (Qwen3-MoE): each expert-parallel rank loads only its experts (its table lists only those),
 split over the expert-tensor-parallel group; the other ranks' expert keys are skipped, not
 unexpected.
+Pipeline parallelism (dense models): each stage loads its own layers (the table's global layer
+numbers become the stage's local ones), the embedding on the first stage, the final norm and output
+layer on the last, whose copy of a tied embedding is loaded from the embedding's HF key; the other
+stages' keys are skipped, not unexpected.
 A tensor with NaN or inf is refused, naming the file and the key.
 Vocab: the HF vocab must be divisible by tp (megatron's vocab-parallel layers assume it);
 otherwise loading is refused with the numbers -- no silent row padding.
-Not handled: pipeline parallelism (pp > 1), scalar-head (critic) models.
+Not handled: a mixture-of-experts model at pp > 1, scalar-head (critic) models.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import os
 import re
@@ -29,6 +34,7 @@ from tandem.models.registry import architecture_of, read_hf_config, weight_mappi
 
 # HF keys found in some checkpoints that carry no weights (recomputed buffers): skipped on load.
 IGNORED_HF = (re.compile(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq"),)
+LAYER = re.compile(r"decoder\.layers\.(\d+)\.(.*)")
 
 
 def hf_safetensors_files(hf_dir: str) -> list[str]:
@@ -38,16 +44,36 @@ def hf_safetensors_files(hf_dir: str) -> list[str]:
     return files
 
 
-def _check_parallel(shape, tp_size: int) -> None:
-    from megatron.core import parallel_state
-
-    if parallel_state.model_parallel_is_initialized() and \
-            parallel_state.get_pipeline_model_parallel_world_size() > 1:
-        raise ValueError("HF conversion supports pipeline_model_parallel_size=1 only")
+def _check_parallel(model, shape, tp_size: int) -> None:
+    if model.config.pipeline_model_parallel_size > 1 and shape.moe is not None:
+        raise ValueError("HF import of a mixture-of-experts model at pipeline_model_parallel_size > 1 is not offered")
     if shape.vocab_size % tp_size:
         raise ValueError(f"vocab_size={shape.vocab_size} is not divisible by tp={tp_size}; "
                          "pad the vocabulary of the HF checkpoint (embed_tokens and lm_head rows) "
                          "to a multiple of tp first")
+
+
+def _stage_mappings(model, mappings: list) -> tuple[list, set[str]]:
+    """(this pipeline stage's mappings, megatron names local to it; the other stages' HF keys)."""
+    if model.config.pipeline_model_parallel_size == 1:
+        return mappings, set()
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    offset, layers = get_transformer_layer_offset(model.config), len(model.decoder.layers)
+    params = dict(model.named_parameters())
+    mine, theirs = [], set()
+    for m in mappings:
+        layer = LAYER.fullmatch(m.megatron)
+        if layer is None and m.megatron in params:
+            mine.append(m)
+        elif layer is not None and offset <= int(layer.group(1)) < offset + layers:
+            mine.append(dataclasses.replace(m, megatron=f"decoder.layers.{int(layer.group(1)) - offset}.{layer.group(2)}"))
+        else:
+            theirs.update(m.hf_names)
+    if "output_layer.weight" in params and not any(m.megatron == "output_layer.weight" for m in mine):
+        embedding = next(m for m in mappings if m.megatron == "embedding.word_embeddings.weight")
+        mine.append(dataclasses.replace(embedding, megatron="output_layer.weight"))  # the last stage's tied copy
+    return mine, theirs - {name for m in mine for name in m.hf_names}
 
 
 def _other_ranks_hf_names(shape, architecture: str, ep_rank: int, ep_size: int) -> set[str]:
@@ -64,12 +90,12 @@ def load_hf_weights(model, hf_dir: str, shape, tp_rank: int, tp_size: int) -> se
     """
     from safetensors import safe_open
 
-    _check_parallel(shape, tp_size)
+    _check_parallel(model, shape, tp_size)
     ep_rank, ep_size, etp_rank, etp_size = expert_ranks()
     architecture = architecture_of(read_hf_config(hf_dir))
-    mappings = weight_mappings(shape, ep_rank, ep_size, architecture)
+    mappings, other_stages = _stage_mappings(model, weight_mappings(shape, ep_rank, ep_size, architecture))
     by_hf = {name: m for m in mappings for name in m.hf_names}
-    elsewhere = _other_ranks_hf_names(shape, architecture, ep_rank, ep_size) - set(by_hf)
+    elsewhere = (_other_ranks_hf_names(shape, architecture, ep_rank, ep_size) | other_stages) - set(by_hf)
     params = dict(model.named_parameters())
     unknown_megatron = sorted(m.megatron for m in mappings if m.megatron not in params)
     if unknown_megatron:

@@ -84,10 +84,11 @@ def _own_rank_groups():
 
 def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int = 1, ep: int = 1,
                     params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                    replica: bool = False):
+                    replica: bool = False, overrides: dict | None = None):
     """A megatron-core GPTModel on this rank's device. head: "lm" or "scalar". replica: the
     whole model (TP = PP = EP = 1) on this rank alone, whatever the service's layout (the
-    colocated rollout's TP=1 copy, tandem/rollout/replica.py)."""
+    colocated rollout's TP=1 copy, tandem/rollout/replica.py). overrides: TransformerConfig fields
+    from the role's megatron.override_transformer_config (activation recomputation, ...)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -102,7 +103,7 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
                          f"{parallel_state.get_expert_model_parallel_world_size()} ranks (ParallelConfig.ep)")
     config = transformer_config(shape, tp=tp, pp=pp, ep=ep, params_dtype=params_dtype,
                                 sequence_parallel=sequence_parallel and tp > 1,
-                                fused=FUSE_ON_GPU and device.has_cuda())
+                                fused=FUSE_ON_GPU and device.has_cuda(), overrides=overrides)
     model = GPTModel(
         config=config,
         transformer_layer_spec=block_spec(config, shape, pp_rank=0 if replica else None),

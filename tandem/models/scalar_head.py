@@ -30,9 +30,10 @@ class ScalarHead(torch.nn.Linear):
         return super().forward(hidden), None
 
 
-def build_scalar_model(shape, megatron, use_torch_compile: bool = False):
+def build_scalar_model(shape, megatron, use_torch_compile: bool = False, overrides: dict | None = None):
     """A GPTModel with a ScalarHead in the layout `megatron` (a MegatronConfig: TP, PP, EP, dtype,
-    sequence parallelism); its layers torch.compile'd on GPUs when `use_torch_compile`."""
+    sequence parallelism); its layers torch.compile'd on GPUs when `use_torch_compile`. overrides:
+    TransformerConfig fields from the role's override_transformer_config."""
     from tandem.models.build import build_gpt_model
     from tandem.models.compile import compile_layers
     from tandem.parallel import device
@@ -40,7 +41,8 @@ def build_scalar_model(shape, megatron, use_torch_compile: bool = False):
     m = megatron
     model = build_gpt_model(shape, head="scalar", tp=m.tensor_model_parallel_size,
                             pp=m.pipeline_model_parallel_size, ep=m.expert_model_parallel_size,
-                            params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel)
+                            params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel,
+                            overrides=overrides)
     if use_torch_compile and device.has_cuda():
         compile_layers(model)
     return model

@@ -91,12 +91,13 @@ def moe_config(moe: MoEShape | None, num_layers: int, ep: int) -> dict:
 
 def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int = 1,
                        params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                       fused: bool = False):
+                       fused: bool = False, overrides: dict | None = None):
     """fused: megatron's torch.compile'd SwiGLU and bias-dropout-add (one kernel each way
-    instead of several); GPUs only, where compilation pays for itself."""
+    instead of several); GPUs only, where compilation pays for itself. overrides: TransformerConfig
+    fields a role's config passes through (tandem/config/transformer_overrides.py), over these."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    return TransformerConfig(
+    return TransformerConfig(**{**dict(
         num_layers=shape.num_hidden_layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.num_attention_heads,
@@ -136,4 +137,4 @@ def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int =
         # runs on NCCL and on gloo (torch >= 2.x has all_to_all_single with uneven splits).
         moe_token_dispatcher_type="alltoall",
         **moe_config(shape.moe, shape.num_hidden_layers, ep),
-    )
+    ), **(overrides or {})})

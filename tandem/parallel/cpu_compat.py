@@ -178,3 +178,7 @@ def _patch_rng_tracker() -> None:
 
     mrandom._CUDA_RNG_STATE_TRACKER = CpuRNGStatesTracker()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    # activation recomputation (override_transformer_config.recompute_*) saves and restores the
+    # device's RNG state around a layer; on a CPU host the device's generator is the CPU's
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda state, *a, **k: torch.set_rng_state(state)

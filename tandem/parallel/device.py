@@ -29,10 +29,14 @@ def backend() -> str:
 
 
 def parse_dtype(name: str) -> torch.dtype:
+    """A dtype by name; "auto" (megatron.dtype's default) is bfloat16 with CUDA, float32 on CPUs,
+    where megatron-core's bf16 optimizer cannot run."""
+    if name == "auto":
+        return torch.bfloat16 if has_cuda() else torch.float32
     try:
         return _DTYPES[name]
     except KeyError:
-        raise ValueError(f"unknown dtype {name!r}; known: {sorted(_DTYPES)}") from None
+        raise ValueError(f"unknown dtype {name!r}; known: {sorted(_DTYPES)} or auto") from None
 
 
 def set_local_device(local_rank: int) -> None:

@@ -1,4 +1,5 @@
-"""megatron-core DDP and optimizer for one trained model, with linear LR warmup.
+"""megatron-core DDP and optimizer for one trained model, with verl's LR schedule (megatron-core's
+OptimizerParamScheduler: warmup, then constant, linear, cosine, inverse-square-root or WSD decay).
 
 The model is wrapped in megatron's DistributedDataParallel (gradients in fp32 buffers,
 summed over data-parallel ranks because the model config sets calculate_per_token_loss);
@@ -52,10 +53,35 @@ def _load_steps_into_torch_adam() -> None:
     D._set_main_param_and_optimizer_states = set_states
 
 
+def lr_schedule(cfg: OptimConfig, total_steps: int | None, per_step: int = 1):
+    """megatron-core's OptimizerParamScheduler for optim's schedule keys, which count training steps
+    (verl's meaning), over optimizer steps (`per_step` of them a training step: mini-batches x
+    ppo_epochs), so the LR moves at every mini-batch along verl's curve. It is only asked for the LR
+    (get_lr); weight decay stays megatron's per-group setting."""
+    from types import SimpleNamespace
+
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay = cfg.lr_decay_steps or total_steps or 0
+    warmup = cfg.lr_warmup_steps if cfg.lr_warmup_steps >= 0 else int(cfg.lr_warmup_steps_ratio * decay)
+    warmup, decay = warmup * per_step, decay * per_step
+    if cfg.lr_decay_style == "constant":  # no decay: megatron still asks for decay steps after warmup
+        decay = max(decay, warmup + 1)
+    wsd = cfg.lr_wsd_decay_steps * per_step if cfg.lr_wsd_decay_steps else None
+    return OptimizerParamScheduler(
+        SimpleNamespace(param_groups=[]), init_lr=cfg.lr_warmup_init, max_lr=cfg.lr, min_lr=cfg.min_lr,
+        lr_warmup_steps=warmup, lr_decay_steps=decay, lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay, end_wd=cfg.weight_decay, wd_incr_steps=decay, wd_incr_style="constant",
+        wsd_decay_steps=wsd, lr_wsd_decay_style=cfg.lr_wsd_decay_style)
+
+
 class Optimizer:
     """megatron Adam over a DDP model; `step()` clips, steps and returns the pre-clip grad norm."""
 
-    def __init__(self, ddp_model, cfg: OptimConfig):
+    def __init__(self, ddp_model, cfg: OptimConfig, total_steps: int | None = None, per_step: int = 1):
+        """total_steps: the run's training steps (trainer.total_training_steps), the length of a
+        decaying LR schedule unless optim.lr_decay_steps sets it; per_step: optimizer steps a
+        training step takes (mini-batches x ppo_epochs)."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         from tandem.parallel import device
@@ -66,7 +92,8 @@ class Optimizer:
         self.model = ddp_model
         self.cfg = cfg
         config = ddp_model.module.config
-        override = dict(cfg.override_optimizer_config)  # checked by tandem/config/checks/memory.py
+        # checked by tandem/config/checks/memory.py; null is megatron-core's default, as in verl
+        override = {k: v for k, v in cfg.override_optimizer_config.items() if v is not None}
         if override.get("optimizer_cpu_offload") and not device.has_cuda():
             raise ValueError("optim.override_optimizer_config.optimizer_cpu_offload: megatron-core's CPU "
                              "optimizer offload needs CUDA (it overlaps copies on CUDA streams); set it to false on CPU")
@@ -77,6 +104,7 @@ class Optimizer:
             use_distributed_optimizer=ddp_model.ddp_config.use_distributed_optimizer, **override), [ddp_model])
         self.steps = 0
         self.before_step = None  # set while the state is coming back from host memory (phases.py)
+        self.schedule = lr_schedule(cfg, total_steps, per_step)
         self._apply_lr()
         self._fuse_torch_adam()
 
@@ -125,7 +153,10 @@ class Optimizer:
 
     @property
     def lr(self) -> float:
-        return self.cfg.lr * min(1.0, (self.steps + 1) / max(1, self.cfg.lr_warmup_steps))
+        """The LR of the next step: the schedule at step steps + 1 (the first step takes 1/warmup of
+        the way from lr_warmup_init to lr; verl's first takes 0)."""
+        self.schedule.num_steps = self.steps + 1
+        return self.schedule.get_lr({})
 
     def _apply_lr(self) -> None:
         for group in self.opt.param_groups:

@@ -18,17 +18,15 @@ from wandb_log import offline_run
 EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "data" / "verl_run_qwen2-7b_math_megatron.txt"
 # verl's timing_s/* names a standalone-rollout GRPO step logs (controller/step.py)
 STEP_TIMINGS = ["gen", "reward", "old_log_prob", "adv", "update_actor", "update_weights", "step"]
-# What the example needs besides paths to run on 2 CPU cores, and why (with only paths changed the
-# config error is exactly the first reason: tests/unit/test_verl_keys.py).
+# What the example needs besides paths to run on 2 CPU cores, and why (with only paths changed it loads:
+# tests/e2e/test_verl_script_dry_run.py). Its layout stays: TP=2 x PP=2, Hugging Face weights imported per
+# pipeline stage, generation on a TP=1 copy on every rank.
 CPU_CHANGES = [
-    # Hugging Face weights import at PP=1 only (a config error says so): the example's PP=2 becomes 1
-    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=1",
-    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=1",  # the reference follows the actor
-    "trainer.n_gpus_per_node=2",  # 2 ranks (TP=2): 8 processes do not fit 2 cores
+    "trainer.n_gpus_per_node=4",  # 4 ranks (TP=2 x PP=2): 8 processes do not fit 2 cores
     "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 1024 x 5 rows: hours on CPU
     "data.max_response_length=16",  # a random model rarely stops: 1024 tokens per row
     "trainer.total_epochs=1", "data.train_max_samples=8", "data.val_max_samples=8",  # 2 steps
-    "trainer.sft.total_steps=0",  # Tandem's built-in SFT warm start (verl has none)
+    "trainer.val_before_train=False",  # verl's key: no validation before RL (one validation less on CPU)
     "services.startup_timeout_s=900",  # megatron ranks importing on a shared, loaded 2-core machine
 ]
 
@@ -118,4 +116,8 @@ def test_verl_example_runs_with_paths_and_cpu_sizes(tmp_path):
     steps = {h["_step"]: h for h in offline_run(str(run_dir))["history"] if "actor/pg_loss" in h}
     assert sorted(steps) == [1, 2]  # total_epochs=1: 8 rows / 4 per batch
     assert all(m["actor/kl_loss"] >= 0 and m["response_length/mean"] > 0 for m in steps.values())
-    assert "step 2/2" in err and json.loads((run_dir / "summary.json").read_text())["val_accuracy_final"] is not None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert "step 2/2" in err and summary["val_accuracy_final"] is not None
+    # no warm start on the user's data (trainer.sft.total_steps auto), no validation before RL
+    assert summary.get("sft_steps") is None and summary.get("val_accuracy_after_sft") is None
+    assert summary.get("val_accuracy_init") is None

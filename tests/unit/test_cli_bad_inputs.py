@@ -29,7 +29,7 @@ CASES = {  # args (a file name of FILES is replaced by its path) -> the one line
                                          "custom_reward_function.name: '{reward_other_name.py}' defines no "
                                          "function 'compute_score'"),
     "override without '='": (["trainer.total_training_steps", "5"],
-                             "2 problems in the arguments:"),
+                             "2 config problems:"),
     "first override without '='": (["trainer.total_training_steps"],
                                    "'trainer.total_training_steps' is an override missing '=' (key=value), "
                                    "or a config file that does not exist"),

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tandem.config import ConfigError, TandemConfig, load_config, to_yaml
+from tandem.config import ConfigError, TandemConfig, load_config, load_config_with_notices, to_yaml
 
 
 def error_of(*overrides) -> str:
@@ -119,7 +119,7 @@ def test_dapo_tis_and_validation_keys_load_with_verl_names():
     (["algorithm.filter_groups.metric=reward"], "algorithm.filter_groups.metric", "known: ['acc'"),
     (["algorithm.filter_groups.enable=true", "actor_rollout_ref.rollout.n=1", "algorithm.adv_estimator=gae"],
      "algorithm.filter_groups.enable", "rollout.n >= 2"),
-    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=6"],
+    (["reward_model.overlong_buffer.enable=true", "reward_model.overlong_buffer.len=7"],
      "reward_model.overlong_buffer.len", "data.max_response_length=6"),
     (["actor_rollout_ref.rollout.val_kwargs.n=4"], "actor_rollout_ref.rollout.val_kwargs.n", "do_sample"),
     (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"], "actor_rollout_ref.rollout.val_kwargs.temperature",
@@ -208,8 +208,12 @@ def test_expert_parallel_loads_and_bad_values_name_the_numbers(tmp_path):
          ["expert_model_parallel_size", ">= 1"]),
         (ep2[1:], ["actor_rollout_ref.actor.megatron.expert_model_parallel_size", "mixture-of-experts", "dense"]),
         (ep2 + ["actor_rollout_ref.rollout.mode=colocated"], ["actor_rollout_ref.rollout.mode", "standalone"]),
-        (ep2 + ["services.actor.world_size=4", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"],
+        (ep2 + ["services.actor.world_size=4", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                "actor_rollout_ref.actor.megatron.sequence_parallel=false"],
          ["actor_rollout_ref.actor.megatron.sequence_parallel", "tensor_model_parallel_size=2"]),
+        (ep2 + ["services.actor.world_size=4", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size=1"],
+         ["actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", "1: Tandem splits experts", "set 2"]),
         (ep2 + ["actor_rollout_ref.actor.ppo_mini_batch_size=1", "actor_rollout_ref.rollout.n=3",
                 "data.train_batch_size=4"],
          ["actor_rollout_ref.actor.ppo_mini_batch_size", "3 rows must split evenly over 2"]),
@@ -255,8 +259,10 @@ def test_generation_tp_values():
     load_config(None, pp2 + ["actor_rollout_ref.rollout.tensor_model_parallel_size=1"])  # runs generate on copies
     load_config(None, pp2 + ["actor_rollout_ref.rollout.mode=standalone"])
     key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-    msg = error_of(*tp2, f"{key}=4")
-    assert key in msg and "colocated" in msg, msg
+    cfg, taken = load_config_with_notices(None, [*tp2, f"{key}=4"])  # verl's engine TP: the actor's here
+    assert getattr(cfg.actor_rollout_ref.rollout, "tensor_model_parallel_size") is None
+    assert any(n.startswith(f"verl key {key}=4 -> a colocated rollout generates at the actor's TP")
+               for n in taken.notices), taken.notices
     # a standalone rollout runs at its own TP: its world size a multiple of it, heads divisible
     standalone = ["actor_rollout_ref.rollout.mode=standalone", "services.rollout.world_size=4"]
     for tp in ("1", "2"):

@@ -55,7 +55,7 @@ def test_endpoint_security_keys(tmp_path, monkeypatch):
          "services.rollout.auth: set token_file or token_env, not both"),
         ([f"services.actor.auth.token_file={tmp_path / 'missing'}"], "services.actor.auth.token_file: "),
         (["services.reward.auth.health_without_token=true"], "services.reward.auth.health_without_token: needs a token"),
-        (["services.reward.host="], "bad config value for 'services.reward.host'"),
+        (["services.reward.host="], "2 config problems:\n- services.reward.host: must not be empty"),
         (["services.reward.tls.enable=true", f"services.reward.tls.cert_file={token}",
           f"services.reward.tls.key_file={token}", "services.reward.tls.client_auth=true"],
          "services.reward.tls.ca_file: must be set for tls.client_auth"),

@@ -10,6 +10,7 @@ from tandem.config.checks.actor import check_actor, check_tis
 from tandem.config.checks.algorithm import check_algorithm, check_dapo
 from tandem.config.checks.async_training import check_async_training
 from tandem.config.checks.files import check_model_files
+from tandem.config.checks.lr_schedule import check_lr_schedules
 from tandem.config.checks.memory import check_memory
 from tandem.config.checks.micro_batches import check_micro_batches
 from tandem.config.checks.parallel import check_parallel
@@ -20,7 +21,7 @@ from tandem.config.checks.rollout import check_rollout, check_val_kwargs
 from tandem.config.checks.services import check_services
 from tandem.config.checks.trainer import check_data, check_loggers, check_sft, check_trainer
 from tandem.config.checks.weight_plane import check_devices, check_standalone_rollout
-from tandem.config.errors import ConfigError
+from tandem.config.errors import ConfigError, raise_all
 from tandem.config.model_file import check_model
 from tandem.config.schema import TandemConfig
 
@@ -32,7 +33,7 @@ CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_paralle
           check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
           check_model_files, check_sft, check_async_training, check_profile, check_memory,
-          check_micro_batches)
+          check_micro_batches, check_lr_schedules)
 
 
 def problems_of(cfg: TandemConfig) -> list[str]:
@@ -42,8 +43,8 @@ def problems_of(cfg: TandemConfig) -> list[str]:
         try:
             topic_check(cfg)
         except ConfigError as e:
-            if str(e) not in found:  # the layout checks read config.json too: one report of a bad file
-                found.append(str(e))
+            # the layout checks read config.json too: one report of a bad file
+            found += [p for p in e.problems if p not in found]
         except (ArithmeticError, TypeError, ValueError):
             if not found:  # a check tripping over a value an earlier check already refused
                 raise
@@ -52,7 +53,4 @@ def problems_of(cfg: TandemConfig) -> list[str]:
 
 def validate(cfg: TandemConfig) -> None:
     """Raise ConfigError naming the dotted key of each bad value of `cfg` (one line per topic)."""
-    found = problems_of(cfg)
-    if found:
-        raise ConfigError(found[0] if len(found) == 1 else
-                          f"{len(found)} config problems:\n" + "\n".join(f"- {p}" for p in found))
+    raise_all(problems_of(cfg))

@@ -30,6 +30,6 @@ def check_dapo(cfg: TandemConfig) -> None:
     check(not fg.enable or cfg.actor_rollout_ref.rollout.n >= 2, "algorithm.filter_groups.enable",
           "dynamic sampling needs actor_rollout_ref.rollout.n >= 2 (a group of one always has equal rewards)")
     check(d.gen_batch_size is None or d.gen_batch_size >= 1, "data.gen_batch_size", "must be >= 1")
-    check(not ob.enable or 0 < ob.len < d.max_response_length, "reward_model.overlong_buffer.len",
-          f"{ob.len} must be in (0, data.max_response_length={d.max_response_length})")
+    check(not ob.enable or 0 < ob.len <= d.max_response_length, "reward_model.overlong_buffer.len",
+          f"{ob.len} must be in (0, data.max_response_length={d.max_response_length}]")
     check(ob.penalty_factor >= 0, "reward_model.overlong_buffer.penalty_factor", "must be >= 0")

@@ -30,7 +30,7 @@ def check_memory(cfg: TandemConfig) -> None:
 
 def _check_optimizer_override(section: str, optim: OptimConfig, m: MegatronConfig) -> None:
     key = f"{section}.optim.override_optimizer_config"
-    over = dict(optim.override_optimizer_config)
+    over = {k: v for k, v in optim.override_optimizer_config.items() if v is not None}  # null: megatron's default
     unknown = sorted(set(over) - set(OPTIMIZER_OVERRIDE_KEYS))
     check(not unknown, key, f"unknown keys {unknown}; Tandem passes through {list(OPTIMIZER_OVERRIDE_KEYS)}")
     for flag in _FLAGS:
@@ -51,7 +51,7 @@ def _check_optimizer_override(section: str, optim: OptimConfig, m: MegatronConfi
         return
     check(fraction > 0, f"{key}.optimizer_offload_fraction",
           "0 keeps all of the optimizer on the GPU; set the share of parameters whose Adam runs on the CPU, in (0, 1]")
-    check(m.dtype == "bfloat16", f"{section}.megatron.dtype",
+    check(m.dtype in ("bfloat16", "auto"), f"{section}.megatron.dtype",
           f"{m.dtype!r} with optimizer_cpu_offload: megatron-core's CPU optimizer offload trains bf16 "
           "parameters (it keeps their fp32 copies itself); set bfloat16")
     check(m.use_distributed_optimizer, f"{section}.megatron.use_distributed_optimizer",

@@ -8,11 +8,13 @@ mode against the actor's layout.
 from __future__ import annotations
 
 from tandem.config.errors import check
-from tandem.config.model_file import attention_heads, check_moe, hf_config
+from tandem.config.model_file import attention_heads, check_moe, hf_config, num_experts
 from tandem.config.schema import MegatronConfig, TandemConfig
+from tandem.config.transformer_overrides import check_transformer_overrides
 
-# megatron.dtype: the parameter dtypes a role trains in (bf16 keeps fp32 main weights in the optimizer).
-DTYPES = ("float32", "bfloat16")
+# megatron.dtype: the parameter dtypes a role trains in (bf16 keeps fp32 main weights in the optimizer;
+# auto: bfloat16 on GPUs, float32 on CPUs, decided where the model is built).
+DTYPES = ("auto", "float32", "bfloat16")
 
 
 def check_parallel(cfg: TandemConfig) -> None:
@@ -31,12 +33,17 @@ def _check_role(cfg: TandemConfig, role: str, key: str, m: MegatronConfig, hf: d
     check(tp >= 1, f"{key}.tensor_model_parallel_size", "must be >= 1")
     check(pp >= 1, f"{key}.pipeline_model_parallel_size", "must be >= 1")
     check(ep >= 1, f"{key}.expert_model_parallel_size", "must be >= 1")
+    etp = m.expert_tensor_parallel_size
+    check(etp is None or etp == tp or not num_experts(hf), f"{key}.expert_tensor_parallel_size",
+          f"{etp}: Tandem splits experts over the role's tensor-parallel ranks (expert TP = "
+          f"tensor_model_parallel_size={tp}); set {tp} or leave it unset")
     check(world >= 1 and world % (tp * pp * ep) == 0, f"services.{role}.world_size",
           f"{world} is not a multiple of tensor x pipeline x expert parallel = {tp} x {pp} x {ep}")
+    check_transformer_overrides(key, m)
     check_moe(key, m, hf)
-    check(role != "actor" or pp == 1 or cfg.actor_rollout_ref.model.path is None, f"{key}.pipeline_model_parallel_size",
-          f"{pp} with actor_rollout_ref.model.path: Hugging Face weights import at pipeline_model_parallel_size=1 "
-          "only (tandem/convert/hf_load.py); use tensor_model_parallel_size, or PP with the built-in shape")
+    check(role != "actor" or pp == 1 or not num_experts(hf), f"{key}.pipeline_model_parallel_size",
+          f"{pp} with a mixture-of-experts actor_rollout_ref.model.path: its Hugging Face weights import at "
+          "pipeline_model_parallel_size=1 only (tandem/convert/hf_load.py); use tensor or expert parallelism")
     dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
     n = cfg.actor_rollout_ref.rollout.n
     section = "actor_rollout_ref.actor" if role == "actor" else "critic"

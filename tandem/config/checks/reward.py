@@ -11,6 +11,7 @@ import os
 
 from tandem.config.errors import ConfigError, check
 from tandem.config.schema import TandemConfig
+from tandem.config.transformer_overrides import check_transformer_overrides
 from tandem.models import registry
 
 ON_FAILURE = ("fail", "drop")
@@ -31,6 +32,7 @@ def check_reward_model(cfg: TandemConfig) -> None:
     r = cfg.reward_model
     if not r.enable:
         return
+    check_transformer_overrides("reward_model.megatron", r.megatron)
     check(r.micro_batch_size_per_gpu >= 1, "reward_model.micro_batch_size_per_gpu", "must be >= 1")
     check(cfg.services.reward.endpoint is None, "services.reward.endpoint",
           "reward_model.enable hosts the reward model in Tandem's own reward service; leave the endpoint unset")

@@ -51,7 +51,10 @@ def check_trainer(cfg: TandemConfig) -> None:
 def check_sft(cfg: TandemConfig) -> None:
     """trainer.sft.*: step count, and the dev-accuracy stop (a fraction, evaluated at least every step)."""
     s = cfg.trainer.sft
-    check(s.total_steps >= 0, "trainer.sft.total_steps", "must be >= 0")
+    check(s.total_steps == "auto" or (isinstance(s.total_steps, int) and not isinstance(s.total_steps, bool)
+                                      and s.total_steps >= 0), "trainer.sft.total_steps",
+          f"{s.total_steps!r}: must be >= 0 (a whole number; 0: no warm start) or auto (the built-in task's warm "
+          "start; none on your data)")
     check(s.batch_size >= 1, "trainer.sft.batch_size", "must be >= 1")
     stop = s.stop_at_accuracy
     if stop is not None:
