@@ -117,7 +117,7 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
         **({"pg_collection": _own_rank_groups()} if replica else {}),
     )
     if head == "scalar" and model.post_process:
-        model.output_layer = ScalarHead(shape.hidden_size, params_dtype)
+        model.output_layer = ScalarHead(shape.hidden_size, params_dtype, config.sequence_parallel)
     # The local spec's torch norms are created in fp32; megatron's mixed-precision optimizer
     # expects every parameter in params_dtype (as Megatron-LM's Float16Module casts them).
     for param in model.parameters():

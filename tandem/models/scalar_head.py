@@ -17,16 +17,24 @@ from tandem.models.packing import take_positions
 
 
 class ScalarHead(torch.nn.Linear):
-    """hidden -> 1 value per token; replicated across TP ranks (its input is not split).
+    """hidden -> 1 value per token; replicated across TP ranks.
 
-    Called by GPTModel like its output_layer: returns (output, bias=None).
+    Called by GPTModel like its output_layer: returns (output, bias=None). With sequence
+    parallelism the trunk's output is split along the sequence over TP: the head gathers it, so
+    every TP rank computes every token's value as without it (the gather's backward hands each
+    rank its own part of the gradient, and the head's weight gradient is whole on every rank).
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype):
+    def __init__(self, hidden_size: int, dtype: torch.dtype, sequence_parallel: bool = False):
         super().__init__(hidden_size, 1, bias=False, dtype=dtype)
         torch.nn.init.zeros_(self.weight)  # value starts at 0: no spurious early advantages
+        self.sequence_parallel = sequence_parallel
 
     def forward(self, hidden, weight=None, runtime_gather_output=None, **kwargs):
+        if self.sequence_parallel:
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
         return super().forward(hidden), None
 
 

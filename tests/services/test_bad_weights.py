@@ -14,7 +14,7 @@ def test_another_roles_checkpoint_is_refused_naming_a_tensor(services, tmp_path)
         actor, critic = services.client("actor"), services.client("critic")
         seq = services.sequences(await services.client("rollout", "actor").generate_sequences(
             services.prompts(), max_new_tokens=6, n=2, temperature=0.7, seed=3))
-        before = (await actor.compute_log_prob(seq))["old_log_probs"]
+        before = (await actor.compute_log_prob(seq))[0]["old_log_probs"]
         critic_ckpt = await critic.save_checkpoint(str(tmp_path / "critic"))
         await services.expect_error(actor.load_checkpoint(critic_ckpt), grpc.StatusCode.FAILED_PRECONDITION,
                                     f"{critic_ckpt!r}", "has no 'policy.", "another role's")
@@ -22,7 +22,7 @@ def test_another_roles_checkpoint_is_refused_naming_a_tensor(services, tmp_path)
         await services.expect_error(critic.save_checkpoint(str(tmp_path)), grpc.StatusCode.FAILED_PRECONDITION,
                                     "not a Tandem checkpoint")  # tmp_path holds critic/: never replaced
         assert (tmp_path / "critic" / "tandem_complete").is_file()
-        assert torch.equal((await actor.compute_log_prob(seq))["old_log_probs"], before)
+        assert torch.equal((await actor.compute_log_prob(seq))[0]["old_log_probs"], before)
         await actor.close()
         await critic.close()
 

@@ -187,7 +187,7 @@ def same(a, b):
     torch.testing.assert_close(a.rollout_log_probs, b.rollout_log_probs, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [True])  # unfused: the kernel tests above (q, k, v given) and the test below
 def test_engine_with_the_kernel_equals_sdpa(kernel, model, fused):
     """5 slots for 12 rows (refill), windows of 3 steps, sampling: the kernel's own cache
     writes and per-slot lengths give SDPA's rows."""
@@ -196,7 +196,7 @@ def test_engine_with_the_kernel_equals_sdpa(kernel, model, fused):
     same(res, generate(model, "sdpa", fused)[1])
 
 
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("fused", [False])  # fused: the test below
 def test_engine_reading_each_prompt_once_equals_its_own_copies(kernel, model, fused):
     """n = 3 samples, 5 slots for 18 rows: groups are refilled into freed slots (broken groups
     read their own copies); the prefix kernel gives the rows of each slot reading its own cache."""
