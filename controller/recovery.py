@@ -179,7 +179,7 @@ class Supervisor:
             _log.warning("service.restart", role=role, why=why, hung=hung.describe() if hung else None,
                          restarts=self.restarts, cause=str(cause))
         try:
-            endpoint = await self.launcher.restart(role)
+            endpoint = await self.launcher.restart(role, hung=hung is not None)
         except NotImplementedError as e:  # a launcher without restarts: the run ends here
             raise RunStopped(f"the {role} service {what}{last} and {e}") from cause
         await self.roles.repoint(role, endpoint)

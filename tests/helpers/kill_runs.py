@@ -1,6 +1,7 @@
 """`tandem run` as a child process that the test kills a service rank of mid-run (kill -9; SIGSTOP
 for a rank that hangs alive; or its Ray actor), and the metrics it logged. Shared by the
 crash-recovery tests (tests/e2e/test_recovery.py, test_ray_launcher.py)."""
+import glob
 import json
 import os
 import re
@@ -36,11 +37,11 @@ def step_metrics(run_dir) -> dict[int, dict]:
 
 
 def rank_pids(run_dir, role: str) -> dict[int, int]:
-    """{rank: pid} of the live processes of `role`'s service, from its log's `service.process`
-    lines (the latest start of each rank)."""
+    """{rank: pid} of the live processes of `role`'s service, from its logs' `service.process` lines
+    (the latest start of each rank; under Ray, ranks > 0 log to <role>.rank<i>.log)."""
     pids: dict[int, int] = {}
-    log = os.path.join(run_dir, "logs", f"{role}.log")
-    if os.path.exists(log):
+    for log in sorted(glob.glob(os.path.join(run_dir, "logs", f"{role}.log")) +
+                      glob.glob(os.path.join(run_dir, "logs", f"{role}.rank*.log"))):
         for line in open(log, errors="replace"):
             if '"service.process"' in line:
                 event = json.loads(line)
