@@ -18,7 +18,9 @@ error naming the service, how it ended (or which call it did not answer) and its
   (`ServiceClient.resend_after_failure`).
 
 A health stream that ends while the body runs cancels the body at once (a dead actor is
-noticed while the controller waits on another service). A failure with no dead service
+noticed while the controller waits on another service), and a service with state whose stream
+ended makes the run go back to its checkpoint even when it answers again (a restart policy, as
+compose's, brought it back without the controller). A failure with no dead service
 behind it (a bad request, a bug) is raised as it is.
 
 Deliberately not here: how services start (controller/launchers/), what a restore loads
@@ -216,7 +218,9 @@ class Supervisor:
             except Exception as err:  # noqa: BLE001 - anything but a dead or hung service is raised again below
                 dead = await self.dead_roles()
                 hung = self.hung_roles(dead)
-                if not dead and not hung and not isinstance(err, ServiceLost):
+                # a service with state whose health stream ended went away, even if it answers again by
+                # now (compose's restart policy brought it back): its state is gone, so the run goes back
+                if not dead and not hung and not self._lost - STATELESS and not isinstance(err, ServiceLost):
                     raise
                 async with self._lock:
                     for role in dead:
