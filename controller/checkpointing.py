@@ -16,6 +16,7 @@ controller/run.py); this module writes and reads the dict it is given.
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import glob
 import json
@@ -41,7 +42,9 @@ async def save(roles, run_dir: str, state: dict) -> str:
     """Actor and critic, then `state` (the controller's, `global_step` included) as
     controller_state.json -> the checkpoint directory. ResourceExhausted before anything is
     written when the disk has less room than the run's last checkpoint took; a save that fails
-    leaves no incomplete directory behind."""
+    leaves no incomplete directory behind. A cancelled one (a service died mid-save and the run
+    goes back) leaves it: a service may still be writing there; without controller_state.json it
+    is never resumed from, and the step's next save replaces it."""
     ckpt = step_dir(run_dir, state["global_step"])
     check_room(run_dir, ckpt)
     try:
@@ -56,6 +59,8 @@ async def save(roles, run_dir: str, state: dict) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, os.path.join(ckpt, STATE_FILE))
+    except asyncio.CancelledError:
+        raise
     except BaseException:
         if not is_complete(ckpt):  # never resumed from: its parts only take the room
             shutil.rmtree(ckpt, ignore_errors=True)

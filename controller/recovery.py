@@ -1,11 +1,15 @@
-"""Crash recovery: the controller watches a run's services and brings the run back when one dies.
+"""Crash recovery: the controller watches a run's services and brings the run back when one dies
+or hangs.
 
 A `Supervisor` holds a grpc.health.v1 Watch stream on every service of the run and, when a
 call fails, asks which services are dead (the launcher's view of the process first, then a
-health check). A dead service that the run started is restarted by its launcher and its
-clients are re-pointed at it (`Roles.repoint`), at most `trainer.max_restarts` times per
-run; past that, or for a service the run only attached to, the run stops with an error
-naming the service, how it ended and its log. Then:
+health check) and which are hung: alive, but a call ran past its deadline, measured from the
+service's earlier calls (tandem/rpc/deadlines.py; the model services only: a reward call's rows
+may each take up to its function's own timeout, so its calls keep reward_model.timeout_s and a
+late one fails its rows). A dead or hung service that the run started is restarted by its
+launcher and its clients are re-pointed at it (`Roles.repoint`), at most `trainer.max_restarts`
+times per run; past that, or for a service the run only attached to, the run stops with an
+error naming the service, how it ended (or which call it did not answer) and its log. Then:
 
 - a service with state (actor, critic, standalone rollout) died: `guard` runs the run's
   `recover` (every role back to the latest complete checkpoint, as a resume does) and the
@@ -14,7 +18,9 @@ naming the service, how it ended and its log. Then:
   (`ServiceClient.resend_after_failure`).
 
 A health stream that ends while the body runs cancels the body at once (a dead actor is
-noticed while the controller waits on another service). A failure with no dead service
+noticed while the controller waits on another service), and a service with state whose stream
+ended makes the run go back to its checkpoint even when it answers again (a restart policy, as
+compose's, brought it back without the controller). A failure with no dead service
 behind it (a bad request, a bug) is raised as it is.
 
 Deliberately not here: how services start (controller/launchers/), what a restore loads
@@ -33,6 +39,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tandem.controller.launchers import Launcher
 from tandem.controller.roles import Roles
 from tandem.logging import get_logger
+from tandem.rpc.deadlines import CallDeadlines, Overdue
 
 _log = get_logger("controller.recovery")
 STATELESS = frozenset({"reward"})  # restarted and the call sent again; no restore
@@ -67,6 +74,12 @@ class Supervisor:
         for role in STATELESS & set(started):
             for client in roles.service_clients(role):
                 client.resend_after_failure = self._resender(role, client)
+        self.deadlines: dict[str, CallDeadlines] = {}  # role -> its calls' measured deadlines
+        for role in self.roles_watched:
+            if role not in STATELESS:
+                self.deadlines[role] = CallDeadlines()
+                for client in roles.service_clients(role):
+                    client.deadlines = self.deadlines[role]
 
     @property
     def roles_watched(self) -> list[str]:
@@ -139,29 +152,38 @@ class Supervisor:
         dead = await asyncio.gather(*(self.is_dead(r) for r in self.roles_watched))
         return [r for r, d in zip(self.roles_watched, dead) if d]
 
+    def hung_roles(self, dead: list[str]) -> dict[str, Overdue]:
+        """{role: its call that ran its whole deadline} of the services that are not dead."""
+        return {r: d.overdue for r, d in self.deadlines.items() if d.overdue is not None and r not in dead}
+
     # ---- restarting ------------------------------------------------------------------------
 
-    async def restart(self, role: str, cause: BaseException, counted: bool = True) -> None:
-        """Start `role`'s service again and point its clients at it; `counted` restarts come out of
-        trainer.max_restarts (a deliberate reset does not)."""
-        why = self.launcher.describe(role) if role in self.started else "attached"
+    async def restart(self, role: str, cause: BaseException, counted: bool = True,
+                      hung: Overdue | None = None) -> None:
+        """Start `role`'s service again (the launcher stops what is left of it first) and point its
+        clients at it; `counted` restarts come out of trainer.max_restarts (a deliberate reset does
+        not); `hung`: the call it did not answer (it is alive), else it died."""
         if role not in self.started:
-            raise RunStopped(f"the {role} service at {self.attached.get(role)} stopped answering ({cause}); "
-                               f"it was attached (services.{role}.endpoint), not started by this run, so Tandem "
-                               "cannot restart it") from cause
+            lost = hung.describe() if hung else f"stopped answering ({cause})"
+            raise RunStopped(f"the {role} service at {self.attached.get(role)} {lost}; it was attached "
+                             f"(services.{role}.endpoint), not started by this run, so Tandem cannot restart it") from cause
+        why = self.launcher.describe(role)
+        what = hung.describe() if hung else f"died ({why})"
+        last = "" if hung else f" (last call: {cause})"  # a hung one's last call is the one it did not answer
         if counted and self.restarts >= self.max_restarts:
-            raise RunStopped(f"the {role} service died ({why}; last call: {cause}) and the run has used its "
-                               f"trainer.max_restarts={self.max_restarts} restarts") from cause
+            raise RunStopped(f"the {role} service {what}{last} and the run has used its "
+                             f"trainer.max_restarts={self.max_restarts} restarts") from cause
         await self._stop_watch(role)
         if counted:
             self.restarts += 1
-            print(f"tandem: the {role} service died ({why}); restarting it "
-                  f"(restart {self.restarts} of {self.max_restarts})", flush=True)
-            _log.warning("service.restart", role=role, why=why, restarts=self.restarts, cause=str(cause))
+            print(f"tandem: the {role} service {what}; restarting it (restart {self.restarts} of "
+                  f"{self.max_restarts})", flush=True)
+            _log.warning("service.restart", role=role, why=why, hung=hung.describe() if hung else None,
+                         restarts=self.restarts, cause=str(cause))
         try:
-            endpoint = await self.launcher.restart(role)
-        except NotImplementedError as e:  # a launcher without restarts (compose, Ray): the run ends here
-            raise RunStopped(f"the {role} service died ({why}; last call: {cause}) and {e}") from cause
+            endpoint = await self.launcher.restart(role, hung=hung is not None)
+        except NotImplementedError as e:  # a launcher without restarts: the run ends here
+            raise RunStopped(f"the {role} service {what}{last} and {e}") from cause
         await self.roles.repoint(role, endpoint)
         await self.roles.service_clients(role)[0].wait_healthy(timeout_s=self.startup_timeout_s)
         self._start_watch(role)
@@ -185,7 +207,7 @@ class Supervisor:
     # ---- the run's body --------------------------------------------------------------------
 
     async def guard(self, body: Callable[[], Awaitable[None]], recover: Callable[[], Awaitable[None]]) -> None:
-        """Run `body()` to its end. When it fails because services died: restart them,
+        """Run `body()` to its end. When it fails because services died or hung: restart them,
         `recover()` (the run goes back to its latest checkpoint), run `body()` again."""
         recovering = False
         while True:
@@ -193,13 +215,18 @@ class Supervisor:
                 if recovering:
                     await recover()
                 return await self._until_lost(body)
-            except Exception as err:  # noqa: BLE001 - anything but a dead service is raised again below
+            except Exception as err:  # noqa: BLE001 - anything but a dead or hung service is raised again below
                 dead = await self.dead_roles()
-                if not dead and not isinstance(err, ServiceLost):
+                hung = self.hung_roles(dead)
+                # a service with state whose health stream ended went away, even if it answers again by
+                # now (compose's restart policy brought it back): its state is gone, so the run goes back
+                if not dead and not hung and not self._lost - STATELESS and not isinstance(err, ServiceLost):
                     raise
                 async with self._lock:
                     for role in dead:
                         await self.restart(role, err)
+                    for role, late in hung.items():
+                        await self.restart(role, err, hung=late)
                     for role in list(self._lost):  # a stream ended but the service lives: watch again
                         if self._watches[role].done():
                             self._start_watch(role)

@@ -52,10 +52,11 @@ class Launcher(ABC):
     def stop(self) -> None:
         """Stop every service this launcher started (gracefully, then by force). Safe to call twice."""
 
-    async def restart(self, role: str) -> str:
-        """Start `role` again after it died (what is left of it, e.g. its other ranks, is
-        stopped first) and wait until it serves -> its new endpoint. The restarted service
-        takes the run's config as at the first start (crash recovery, controller/recovery.py)."""
+    async def restart(self, role: str, hung: bool = False) -> str:
+        """Start `role` again after it died, or hung (`hung`: it still runs but does not answer its
+        calls), and wait until it serves -> its new endpoint. What is left of it (its other ranks,
+        a hung process) is stopped first. The restarted service takes the run's config as at the
+        first start (crash recovery, controller/recovery.py)."""
         raise NotImplementedError(f"{type(self).__name__} cannot restart the {role} service yet")
 
     def is_running(self, role: str) -> bool | None:

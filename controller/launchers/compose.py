@@ -8,9 +8,16 @@ it waits until each role the run needs answers SERVING at `<role>:<port>` (grpc 
 returns those endpoints; a role that never does is an error naming the compose service and
 profile that provide it. `services.<role>.endpoint` still wins (controller/launchers/__init__.py).
 
+Restarts: every role's container has `restart: on-failure`, so compose starts a service again when
+it exits with an error (killed, out of memory, a lost rank). `restart(role)` starts nothing either:
+it waits, up to services.startup_timeout_s, until the service answers SERVING again at its compose
+address (the controller calls it once the service was seen dead, so what answers is the new
+container) and returns that address; the controller then goes back to its checkpoint. A hung
+service cannot be restarted from here (compose restarts only a container that exits): `restart`
+says so and the run stops with that error.
+
 Deliberately not here: starting or stopping containers (`docker compose up` / `down` own their
-lifetime, so `stop` leaves them running) and restarts (compose's restart policy restarts a
-container; the run does not reconnect to it yet, so `restart` raises NotImplementedError).
+lifetime, so `stop` leaves them running).
 """
 from __future__ import annotations
 
@@ -23,7 +30,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import PORTS
+from tandem.controller.launchers.start_failure import ServiceStartFailed
 
+POLL_S = 1.0  # a (re)started container loads its model before it answers: seconds, not milliseconds
 # the compose profiles that run each role (the GPU profile's names; `cpu` likewise)
 PROFILE = {"actor": "gpu", "reward": "gpu", "rollout": "gpu-ppo", "critic": "gpu-ppo"}
 
@@ -65,12 +74,24 @@ class ComposeLauncher(Launcher):
                     f"(its compose service runs in profile {PROFILE[role]} or "
                     f"{PROFILE[role].replace('gpu', 'cpu')}: add `--profile ...` to `docker compose up`)"
                     for role, target in sorted(pending.items())))
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(POLL_S)
         return found
 
     def stop(self) -> None:
         """Nothing: the containers belong to compose (`docker compose down` stops them)."""
 
-    async def restart(self, role: str) -> str:
-        raise NotImplementedError(f"the compose launcher cannot restart the {role} service: compose's restart "
-                                  f"policy restarts its container, but a run does not reconnect to it yet")
+    async def restart(self, role: str, hung: bool = False) -> str:
+        target = self._address(role)
+        if hung:
+            raise NotImplementedError(f"the compose launcher cannot stop a hung service (compose restarts a container "
+                                      f"only when it exits): `docker compose restart {role}`, then resume the run "
+                                      "(trainer.resume_mode=auto)")
+        deadline = time.monotonic() + self.ctx.startup_timeout_s
+        while not await _serving(target):
+            if time.monotonic() > deadline:
+                raise ServiceStartFailed(
+                    f"the {role} service did not come back at {target} within services.startup_timeout_s="
+                    f"{self.ctx.startup_timeout_s:g} (compose restarts its container when it exits with an error: "
+                    f"`restart: on-failure` in deploy/compose.yaml; see `docker compose logs {role}`)")
+            await asyncio.sleep(POLL_S)
+        return target

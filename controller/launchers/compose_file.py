@@ -5,7 +5,7 @@ environment, the fixed ports) so that it starts services exactly as the local an
 do; `--check` exits 1 when the committed file differs from what this writes (a test runs it).
 
 Its shape: a one-shot `prepare` (the run's config, tokenizer and data on the shared `runs`
-volume), one container per role, and the controller (`tandem run` with trainer.launcher=compose,
+volume), one container per role (`restart: on-failure`: crash recovery), and the controller (`tandem run` with trainer.launcher=compose,
 finding each role at `<role>:<port>`). Profiles: `gpu` (actor and reward; the actor reserves a
 GPU), `gpu-ppo` (adds the critic and the standalone rollout, a GPU each), and `cpu` / `cpu-ppo`
 (the same without GPUs; their containers answer to the same names).
@@ -61,6 +61,9 @@ def _service(role: str, device: str) -> dict:
         "environment": dict(commands.service_env()),
         "volumes": ["runs:/runs", *([f"compile-cache:{COMPILE_CACHE}"] if role in MODEL_ROLES else [])],
         "depends_on": {"prepare": {"condition": "service_completed_successfully"}},
+        # a service that dies (killed, out of memory, a lost rank) comes back; the controller waits for it
+        # at the same address and goes back to its checkpoint (compose.py); `down` (SIGTERM: exit 0) does not
+        "restart": "on-failure",
         "healthcheck": {"test": ["CMD", "python", "-m", "tandem.rpc.healthcheck", f"127.0.0.1:{port}"],
                         "interval": "10s", "timeout": "5s", "retries": 3, "start_period": "600s"},
     }

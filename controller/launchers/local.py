@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from tandem.controller.launchers import LaunchContext, Launcher
 from tandem.controller.launchers.commands import connect_host, devices_env, service_argv, service_env, service_of
-from tandem.controller.launchers.start_failure import start_failed
+from tandem.controller.launchers.start_failure import how_it_ended, start_failed
 from tandem.logging import get_logger
 from tandem.rpc.server import PARENT_PID_ENV
 from tandem.serving.allowed_dirs import code_dirs
@@ -94,7 +94,7 @@ class LocalLauncher(Launcher):
             await asyncio.sleep(0.2)
         return endpoints
 
-    async def restart(self, role: str) -> str:
+    async def restart(self, role: str, hung: bool = False) -> str:
         if role not in self.processes:
             raise ValueError(f"no {role} service was started by this launcher; started: {sorted(self.processes)}")
         self._kill(role)
@@ -109,13 +109,8 @@ class LocalLauncher(Launcher):
         proc = self.processes.get(role)
         if proc is None or proc.poll() is None:
             state = "running" if proc is not None else "not started"
-        elif proc.returncode < 0:
-            try:
-                state = f"killed by {signal.Signals(-proc.returncode).name}"
-            except ValueError:
-                state = f"killed by signal {-proc.returncode}"
         else:
-            state = f"exited with code {proc.returncode}"
+            state = how_it_ended(proc.returncode)
         return f"{state}; log {self.logs.get(role, '-')}"
 
     def _kill(self, role: str) -> None:

@@ -13,8 +13,13 @@ Rank 0 reports its port through the actor's return value and the launcher return
 Run directories must be on storage every node mounts (services read the run's config and write
 logs and checkpoints there); a node that cannot see the config is an error saying so.
 
-Deliberately not here: restarts (issue 21; `restart` raises NotImplementedError), shipping run
-directories between nodes, autoscaling.
+Restarts (crash recovery, controller/recovery.py): a rank's process dies with its actor (ray_rank.py)
+and Ray brings a dead actor back in its own bundle (max_restarts=-1: how often a service may be
+restarted is trainer.max_restarts, the controller's); `restart(role)` kills what is left of every rank
+(a hung one too) and starts them all again on their actors, like the first start. A service is running
+while every rank's actor answers and its process runs (`is_running`).
+
+Deliberately not here: shipping run directories between nodes, autoscaling.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from tandem.logging import get_logger
 from tandem.serving.allowed_dirs import code_dirs
 
 _log = get_logger("controller.launchers.ray")
+STATE_TIMEOUT_S = 5.0  # an actor answers at once unless Ray is bringing it back
 
 
 def _import_ray():
@@ -100,7 +106,8 @@ class RayLauncher(Launcher):
         actor_cls = self._ray.remote(ServiceRank)
         actors = [actor_cls.options(num_cpus=b.get("CPU", 0), num_gpus=b.get("GPU", 0),
                                     resources={k: v for k, v in b.items() if k not in ("CPU", "GPU")},
-                                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote()
+                                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i),
+                                    max_restarts=-1).remote()
                   for i, b in enumerate(bundles)]
         self.groups[role] = (pg, actors)
         _log.info("ray.reserved", role=role, bundles=bundles, strategy=strategy)
@@ -154,5 +161,45 @@ class RayLauncher(Launcher):
             ray.shutdown()
             self._owns_ray = False
 
-    async def restart(self, role: str) -> str:
-        raise NotImplementedError(f"the Ray launcher cannot restart the {role} service yet (crash recovery)")
+    async def restart(self, role: str, hung: bool = False) -> str:
+        if role not in self.groups:
+            raise ValueError(f"no {role} service was started by this launcher; started: {sorted(self.groups)}")
+        ray = self._ray
+        _, actors = self.groups[role]
+
+        async def kill(actor) -> None:
+            try:
+                await actor.kill.remote()
+            except ray.exceptions.RayActorError:
+                pass  # the actor died for good, and its rank with it: nothing is left
+
+        await asyncio.gather(*(kill(a) for a in actors))  # a restarted actor answers once Ray brought it back
+        port = await self._start_ranks(role)
+        _log.info("ray.restarted", role=role, nodes=[n["node_id"] for n in self.nodes[role]])
+        return f"{self.nodes[role][0]['ip']}:{port}"
+
+    def _states(self, role: str) -> list[str] | None:
+        """Each rank's state (ray_rank.ServiceRank.state, or that its actor is gone); None when the
+        actors do not all answer within a few seconds (Ray may be restarting one)."""
+        ray = self._ray
+        states = []
+        for actor in self.groups[role][1]:
+            try:
+                states.append(ray.get(actor.state.remote(), timeout=STATE_TIMEOUT_S))
+            except ray.exceptions.GetTimeoutError:
+                return None
+            except ray.exceptions.RayActorError:
+                states.append("its Ray actor died")
+        return states
+
+    def is_running(self, role: str) -> bool | None:
+        if role not in self.groups:
+            return None
+        states = self._states(role)
+        return None if states is None else all(state == "running" for state in states)
+
+    def describe(self, role: str) -> str:
+        states = self._states(role) if role in self.groups else None
+        ranks = "no answer from its Ray actors" if states is None else \
+            "; ".join(f"rank {rank}: {state}" for rank, state in enumerate(states) if state != "running") or "running"
+        return f"{ranks}; log {os.path.join(self.ctx.run_dir, 'logs', f'{role}.log')}"

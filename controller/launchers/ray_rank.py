@@ -5,7 +5,10 @@ its service's placement group; the actor starts the rank with the command from
 controller/launchers/commands.py (as a child process, so a service runs exactly as under the
 local launcher: its own torch.distributed, gRPC server and signal handling), and reports back
 what the launcher needs through return values: its node, a free port for the rendezvous, and
-rank 0's bound port once the service is SERVING.
+rank 0's bound port once the service is SERVING. The rank dies with its actor, as it would with its
+node: rank 0's server stops once its parent is gone (PARENT_PID_ENV, tandem/rpc/server.py) and a
+rank > 0 gets SIGKILL (tandem/serving/parent.py; Ray runs a plain actor's methods on its main
+thread, so that fires when the actor's process ends), so a restarted actor starts from nothing.
 
 Deliberately not here: choosing nodes (the placement group does), talking gRPC to the service.
 """
@@ -18,7 +21,9 @@ import subprocess
 import sys
 import time
 
-from tandem.controller.launchers.start_failure import last_error
+from tandem.controller.launchers.start_failure import how_it_ended, last_error
+from tandem.rpc.server import PARENT_PID_ENV
+from tandem.serving.parent import PARENT_ENV
 
 
 class ServiceRank:
@@ -50,9 +55,11 @@ class ServiceRank:
         if port_file and os.path.exists(port_file):
             os.unlink(port_file)
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
+        mine = str(os.getpid())
         with open(log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, *argv[1:]], stdout=log, stderr=subprocess.STDOUT,
-                                         env=dict(os.environ, **env), start_new_session=True)
+                                         env=dict(os.environ, **env, **{PARENT_PID_ENV: mine, PARENT_ENV: mine}),
+                                         start_new_session=True)
         if not port_file:
             return None
         deadline = time.monotonic() + timeout_s
@@ -68,6 +75,23 @@ class ServiceRank:
 
     def exit_code(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
+
+    def state(self) -> str:
+        """'running', how the rank's process ended, or 'not started' (an actor Ray restarted)."""
+        if self.proc is None:
+            return "not started"
+        code = self.proc.poll()
+        return "running" if code is None else how_it_ended(code)
+
+    def kill(self) -> None:
+        """SIGKILL what is left of the rank (its process group: it may hang, or be stopped)."""
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone
+        self.proc.wait()
 
     def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the rank, SIGKILL it after `grace_s` -> its exit code."""

@@ -3,11 +3,13 @@ where its log is (not 50 lines of the controller's traceback with the service's 
 
 `last_error` reads the service's log: the exception line that ends its last Python traceback,
 else its last structlog line at error level, else its last line of plain text (argparse's
-"prog: error: ..."). Every launcher that starts processes raises `ServiceStartFailed`.
+"prog: error: ..."). Every launcher that starts processes raises `ServiceStartFailed`, and tells
+how a service process ended with `how_it_ended`.
 """
 from __future__ import annotations
 
 import json
+import signal
 
 TAIL_LINES = 400  # a start-up traceback and what the service logged just before it
 
@@ -56,6 +58,16 @@ def last_error(log_path: str) -> str:
     if error is None:
         error = next((x.strip() for x in reversed(lines) if x.strip() and not x.startswith("{")), None)
     return error or "its log shows no error"
+
+
+def how_it_ended(returncode: int) -> str:
+    """'killed by SIGKILL', 'exited with code 3' (a Popen returncode: negative for a signal)."""
+    if returncode >= 0:
+        return f"exited with code {returncode}"
+    try:
+        return f"killed by {signal.Signals(-returncode).name}"
+    except ValueError:
+        return f"killed by signal {-returncode}"
 
 
 def start_failed(role: str, how: str, log_path: str) -> ServiceStartFailed:

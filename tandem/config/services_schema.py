@@ -55,6 +55,8 @@ class ServicesConfig:
     critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     startup_timeout_s: float = 180.0
+    # a call's deadline before its duration is measured; measured ones (the model services') get at least a
+    # tenth of it and at most all of it (tandem/rpc/deadlines.py): a hung service is restarted after that
     rpc_timeout_s: float = 600.0
     # Tandem's: torch.compile's on-disk caches (inductor, AOT autograd, triton kernels) under this
     # directory, kept across runs and restarts (tandem/serving/compile_cache.py); None: torch's default (/tmp)

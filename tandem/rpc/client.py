@@ -8,7 +8,8 @@ message "<Service>.<Method>: <details>". No retries here: the controller
 decides what is safe to repeat (an update is not). It can re-point a client at a
 restarted service (`repoint`) and, for a service without state, give it a
 `resend_after_failure` hook: a failed call is sent again when the hook says the
-service is back.
+service is back. With `deadlines` (tandem/rpc/deadlines.py) a call's deadline is measured
+from the service's earlier calls instead of the configured `timeout_s`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Awaitable, Callable
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tandem.rpc.deadlines import CallDeadlines
 from tandem.rpc.errors import TandemError, Unavailable, error_from_rpc
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 
@@ -57,6 +59,8 @@ class ServiceClient:
         self.stub = stub_cls(self._channel)
         # (error, endpoint it came from) -> True when the service is back and the call may be sent again
         self.resend_after_failure: Callable[[TandemError, str], Awaitable[bool]] | None = None
+        self.deadlines: CallDeadlines | None = None  # None: every call gets timeout_s
+
 
     async def repoint(self, endpoint: str) -> None:
         """Talk to `endpoint` from now on (the service was restarted there)."""
@@ -64,6 +68,8 @@ class ServiceClient:
         self._channel = make_channel(endpoint, self._max_message_mb, self._security)
         self.stub = self._stub_cls(self._channel)
         await old.close()
+        if self.deadlines is not None:
+            self.deadlines.process_restarted()
 
     @property
     def channel(self) -> grpc.aio.Channel:
@@ -78,17 +84,28 @@ class ServiceClient:
                 self._metadata[_md_key(k)] = str(v)
 
     async def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
-        """Call `method` with a deadline; raise the TandemError for a failed call."""
+        """Call `method` with a deadline (`timeout_s` if given, else the measured one or the
+        client's timeout_s); raise the TandemError for a failed call."""
         fn = getattr(self.stub, method, None)
         if fn is None:
             raise AttributeError(f"{self.service} has no method '{method}'")
+        name = f"{self.service}.{method}"
         while True:
             md = (*self._metadata.items(), ("x-request-id", uuid.uuid4().hex[:16]))
             endpoint = self.endpoint
+            timed = self.deadlines.start(name, request, self.timeout_s) if self.deadlines is not None and not timeout_s else None
+            ok, code = False, None
             try:
-                return await getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=md)
+                reply = await getattr(self.stub, method)(
+                    request, timeout=timed.deadline_s if timed else timeout_s or self.timeout_s, metadata=md)
+                ok = True
             except grpc.aio.AioRpcError as e:
-                err = error_from_rpc(e, f"{self.service}.{method}")
+                code, err = e.code(), error_from_rpc(e, name)
+            finally:  # a cancelled call is neither measured nor late
+                if timed is not None:
+                    self.deadlines.finish(timed, ok, late=code == grpc.StatusCode.DEADLINE_EXCEEDED)
+            if ok:
+                return reply
             if self.resend_after_failure is None or not await self.resend_after_failure(err, endpoint):
                 raise err
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -37,11 +36,11 @@ from tandem.rpc.protocol import PROTOCOL
 from tandem.serving.allowed_dirs import check_allowed
 from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.compile_cache import use_compile_cache
+from tandem.serving.parent import PARENT_ENV
 from tandem.serving.role import Built, Role
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
-PARENT_ENV = "TANDEM_RANK0_PID"  # set for the ranks rank 0 starts: they die with it
 _log = get_logger("tandem.serving.lifecycle")
 
 
@@ -266,17 +265,3 @@ def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, mast
     # no preexec_fn: Python code between fork and exec in a process with gRPC's threads crashed
     # the child (SIGSEGV) now and then; the child asks to die with its parent itself (die_with_parent)
     return subprocess.Popen(cmd, env=env)
-
-
-def die_with_parent() -> None:
-    """In a rank started by rank 0: get SIGKILL when rank 0 exits (PR_SET_PDEATHSIG), and exit at
-    once if it already has."""
-    import ctypes
-
-    parent = int(os.environ.get(PARENT_ENV, "0"))
-    if not parent:
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # rank 0 died before the request took effect
-        os._exit(1)

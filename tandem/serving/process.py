@@ -228,7 +228,8 @@ async def _serve(role: Role, args: ServiceArgs, host, thread) -> None:
 def _follow(role: Role, args: ServiceArgs) -> None:
     """Ranks > 0: join rank 0's group and run its commands (configure, release, work) until stop."""
     from tandem.parallel.layout import init_distributed
-    from tandem.serving.lifecycle import LIFECYCLE, RankHost, die_with_parent
+    from tandem.serving.lifecycle import LIFECYCLE, RankHost
+    from tandem.serving.parent import die_with_parent
     from tandem.serving.rank_group import RankGroup
 
     die_with_parent()

@@ -3,9 +3,12 @@
 The cluster is Ray's own `ray.cluster_utils.Cluster`: two nodes (separate raylets) on this machine,
 one with the custom resource `node_a`, the other with `node_b`; the config pins the actor (two
 data-parallel ranks, each its own Ray actor in one placement group, meeting over TCP at rank 0's
-node) to node_a and the standalone rollout and the reward to node_b. Checks: the run completes,
-each service rank logged the Ray node it ran on and those are the nodes its resources name, and
-its metrics equal those of the same config under the local launcher (every non-timing key).
+node) to node_a and the standalone rollout and the reward to node_b. After step 1 the Ray actor of
+the actor service's rank 1 is killed (kill -9 of its process; the rank dies with it): the run
+restarts the service (Ray brings the actor back in its bundle, the launcher starts both ranks again)
+and goes back to its checkpoint. Checks: the run completes, each service rank logged the Ray node it
+ran on and those are the nodes its resources name (after the restart too), and its metrics equal
+those of the same config under the local launcher, uninterrupted (every non-timing key).
 
 Ray runs in its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: every node on
 127.0.0.1), set before Ray is imported, so no traffic leaves the loopback interface.
@@ -13,10 +16,12 @@ Ray runs in its single-machine mode (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0: every 
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
 import pytest
+from kill_runs import run_and_kill
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="trainer.launcher=ray needs Ray: pip install -e '.[ray]' (not installed)")
@@ -31,7 +36,7 @@ TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_
         "services.insecure=true"]  # Ray's services bind their node's address; this test gives them no token
 PLACEMENT = ["services.actor.ray.resources={node_a: 1}", "services.rollout.ray.resources={node_b: 1}",
              "services.reward.ray.resources={node_b: 1}"]
-VOLATILE = ("timing_s/", "perf/")
+VOLATILE = ("timing_s/", "perf/", "trainer/restarts")
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +89,18 @@ def test_ray_two_nodes_same_metrics_as_local(cluster, tmp_path):
     assert len(set(node_of.values())) == 2
 
     ray_env = dict(os.environ, RAY_ADDRESS=cluster.address)
-    ray_dir = run(tmp_path, "on_ray", ["trainer.launcher=ray", *PLACEMENT], ray_env)
-    placed = placements(ray_dir)
+    rc, out, err, ray_dir, _ = run_and_kill(
+        [*TINY, "trainer.launcher=ray", *PLACEMENT, f"trainer.default_local_dir={tmp_path / 'on_ray'}",
+         "trainer.experiment_name=on_ray"], [("actor", 1, 1, signal.SIGKILL, "parent")], timeout_s=900, env=ray_env)
+    assert rc == 0, f"stdout:\n{out[-3000:]}\nstderr:\n{err[-3000:]}"
+    ray_dir = pathlib.Path(ray_dir)
+    (died,) = [line for line in out.splitlines() if " service died " in line]  # how each rank was
+    assert died.startswith("tandem: the actor service died (rank ") and died.endswith("(restart 1 of 3)"), died
+    summary = json.loads((ray_dir / "summary.json").read_text())
+    assert summary["restarts"] == 1 and [pathlib.Path(p).name for p in summary["recovered_from"]] == ["global_step_0"]
+    starts = (ray_dir / "logs" / "actor.rank1.log").read_text().count('"service.process"')
+    assert starts == 2  # rank 1 started again, by the actor Ray brought back
+    placed = placements(ray_dir)  # each rank's latest start
     assert placed == {("actor", 0): node_of["node_a"], ("actor", 1): node_of["node_a"],
                       ("rollout", 0): node_of["node_b"], ("reward", 0): node_of["node_b"]}
     ray.init(address=cluster.address, log_to_driver=False)

@@ -1,5 +1,7 @@
-"""`tandem run` as a child process that the test kills a service of (kill -9) mid-run, and the
-metrics it logged. Shared by the crash-recovery tests (tests/e2e/test_recovery.py)."""
+"""`tandem run` as a child process that the test kills a service rank of mid-run (kill -9; SIGSTOP
+for a rank that hangs alive; or its Ray actor), and the metrics it logged. Shared by the
+crash-recovery tests (tests/e2e/test_recovery.py, test_ray_launcher.py)."""
+import glob
 import json
 import os
 import re
@@ -7,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 COUNTED = {"perf/total_num_tokens"}  # the one perf/ figure that is not wall-clock, rate or memory
 
@@ -34,16 +37,33 @@ def step_metrics(run_dir) -> dict[int, dict]:
 
 
 def rank_pids(run_dir, role: str) -> dict[int, int]:
-    """{rank: pid} of the live processes of `role`'s service, from its log's `service.process`
-    lines (the latest start of each rank)."""
+    """{rank: pid} of the live processes of `role`'s service, from its logs' `service.process` lines
+    (the latest start of each rank; under Ray, ranks > 0 log to <role>.rank<i>.log)."""
     pids: dict[int, int] = {}
-    log = os.path.join(run_dir, "logs", f"{role}.log")
-    if os.path.exists(log):
+    for log in sorted(glob.glob(os.path.join(run_dir, "logs", f"{role}.log")) +
+                      glob.glob(os.path.join(run_dir, "logs", f"{role}.rank*.log"))):
         for line in open(log, errors="replace"):
             if '"service.process"' in line:
                 event = json.loads(line)
                 pids[event["rank"]] = event["pid"]
     return pids
+
+
+@dataclass(frozen=True)
+class Kill:
+    """What run_and_kill sends: `signal` to rank `rank` of `role`'s service (or to its parent process)
+    once a step >= `after_step` is logged."""
+
+    role: str
+    rank: int
+    after_step: int
+    signal: int = signal.SIGKILL  # SIGSTOP: the rank hangs, alive
+    target: str = "rank"  # or "parent": the process that started the rank (a Ray actor)
+
+
+def parent_of(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the state: the parent's pid
 
 
 def logged_steps(run_dir) -> list[int]:
@@ -53,14 +73,14 @@ def logged_steps(run_dir) -> list[int]:
     return [json.loads(x)["step"] for x in open(path) if x.strip() and "actor/pg_loss" in x]
 
 
-def run_and_kill(overrides: list[str], kills: list[tuple[str, int, int]],
-                 timeout_s: float = 400) -> tuple[int, str, str, str, list[int]]:
-    """Start `tandem run` and, for each (role, rank, after_step) of `kills` in turn, SIGKILL rank
-    `rank` of `role`'s service as soon as a step >= after_step is logged (so the kills of one run come
-    after each other's recovery when their steps increase); wait for the run to end -> (exit code,
-    stdout, stderr, run dir, the killed pids)."""
+def run_and_kill(overrides: list[str], kills: list[tuple], timeout_s: float = 400,
+                 env: dict | None = None) -> tuple[int, str, str, str, list[int]]:
+    """Start `tandem run` and, for each `Kill(*k)` of `kills` in turn (role, rank, after_step[, signal,
+    target]), signal rank `rank` of `role`'s service as soon as a step >= after_step is logged (so the
+    kills of one run come after each other's recovery when their steps increase); wait for the run to
+    end -> (exit code, stdout, stderr, run dir, the pids signalled)."""
     proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *overrides],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + timeout_s
     run_dir, killed, out = None, [], ""
     try:
@@ -70,12 +90,13 @@ def run_and_kill(overrides: list[str], kills: list[tuple[str, int, int]],
             found = re.search(r"tandem: run directory (\S+)", line)
             run_dir = found.group(1) if found else None
             assert line or proc.poll() is None, f"run ended before it began:\n{out}\n{proc.stderr.read()[-3000:]}"
-        for role, rank, after_step in kills:
-            while not any(s >= after_step for s in logged_steps(run_dir)):
-                assert time.monotonic() < deadline and proc.poll() is None, f"run ended before killing {role}"
+        for kill in (Kill(*k) for k in kills):
+            while not any(s >= kill.after_step for s in logged_steps(run_dir)):
+                assert time.monotonic() < deadline and proc.poll() is None, f"run ended before killing {kill.role}"
                 time.sleep(0.02)
-            killed.append(rank_pids(run_dir, role)[rank])
-            os.kill(killed[-1], signal.SIGKILL)
+            pid = rank_pids(run_dir, kill.role)[kill.rank]
+            killed.append(parent_of(pid) if kill.target == "parent" else pid)
+            os.kill(killed[-1], kill.signal)
         rest, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
         if proc.poll() is None:

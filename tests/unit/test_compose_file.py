@@ -69,6 +69,8 @@ def test_every_role_runs_the_shared_command_with_health_checks(doc):
             assert svc["healthcheck"]["test"] == ["CMD", "python", "-m", "tandem.rpc.healthcheck", f"127.0.0.1:{port}"]
             assert "runs:/runs" in svc["volumes"]
             assert svc["depends_on"] == {"prepare": {"condition": "service_completed_successfully"}}
+            assert svc["restart"] == "on-failure"  # a service that dies comes back (the compose launcher's restart)
+    assert "restart" not in services["controller"] and "restart" not in services["prepare"]  # one-shots
     assert services["controller"]["command"] == ["python", "-m", "tandem.controller", "run", compose_file.SPEC_CONFIG]
 
 

@@ -17,6 +17,7 @@ from tandem.config.checks import placement as placement_checks
 from tandem.controller.launchers import LAUNCHERS, LaunchContext, Launcher, commands, get_launcher
 from tandem.controller.launchers.compose import ComposeLauncher, compose_address
 from tandem.controller.launchers.ray import placement
+from tandem.controller.launchers.start_failure import ServiceStartFailed
 from tandem.logging import get_logger
 from tandem.rpc import healthcheck
 
@@ -116,8 +117,14 @@ def test_compose_launcher_waits_for_named_services_and_names_the_missing_one(hea
     assert "profile gpu-ppo or cpu-ppo" in str(e.value) and "reward" not in str(e.value)
     launcher.stop()  # compose owns the containers: nothing to stop, twice is fine
     launcher.stop()
-    with pytest.raises(NotImplementedError, match="compose launcher cannot restart the actor"):
-        asyncio.run(launcher.restart("actor"))
+    # restart: compose's restart policy starts the container; the launcher waits for it at its address
+    assert asyncio.run(launcher.restart("reward")) == f"127.0.0.1:{port}"
+    with pytest.raises(ServiceStartFailed) as e:
+        asyncio.run(launcher.restart("critic"))
+    assert str(e.value).startswith(f"the critic service did not come back at 127.0.0.1:{dead} within "
+                                   "services.startup_timeout_s=2 (compose restarts its container when it exits")
+    with pytest.raises(NotImplementedError, match=r"cannot stop a hung service .*`docker compose restart actor`"):
+        asyncio.run(launcher.restart("actor", hung=True))  # compose restarts only what exits
 
 
 def test_prepare_writes_the_spec_and_refuses_bad_keys(tmp_path, capsys, monkeypatch):
