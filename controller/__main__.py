@@ -71,6 +71,7 @@ def main(argv=None) -> int:
         return 0
     configure_logging(role="controller", level="WARNING")
     from tandem.controller import interrupt
+    from tandem.controller.cancel import RunCancelled
     from tandem.controller.launchers.start_failure import ServiceStartFailed
     from tandem.controller.recovery import RunStopped
     from tandem.controller.reward_calls import RewardFailure
@@ -80,7 +81,7 @@ def main(argv=None) -> int:
     interrupt.install()  # SIGTERM stops the run as Ctrl-C does, within a deadline
     try:
         summary = asyncio.run(run(cfg))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RunCancelled):  # RunCancelled: SIGTERM, the run stopped at its next step
         print("tandem: interrupted; services stopped", file=sys.stderr)
         return 130
     except RunStopped as e:

@@ -350,5 +350,10 @@ class Run:
 
 
 async def run(cfg: TandemConfig) -> dict:
-    """`tandem run`: one whole run -> its summary."""
-    return await Run.open(cfg).execute()
+    """`tandem run`: one whole run -> its summary (RunCancelled after SIGTERM, should the
+    cancellation that SIGTERM sends be lost: the run stops at its next step)."""
+    from tandem.controller import interrupt
+
+    r = Run.open(cfg)
+    interrupt.when_requested(lambda: r.cancel.set("interrupted by SIGTERM"))
+    return await r.execute()

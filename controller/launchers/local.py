@@ -124,7 +124,8 @@ class LocalLauncher(Launcher):
         proc.wait()
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM every started service, then SIGKILL what is left after the grace period."""
+        """SIGTERM every started service, then SIGKILL what is left after the grace period, and
+        whatever is still in their process groups."""
         for proc in self.processes.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -136,3 +137,8 @@ class LocalLauncher(Launcher):
                 _log.warning("service.kill", role=role, pid=proc.pid)
                 proc.kill()
                 proc.wait()
+        for proc in self.processes.values():  # what the services left in their groups: a rank that lost
+            try:  # its rank 0, the process a library spawned (megatron's async-checkpoint Manager)
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # the group is empty

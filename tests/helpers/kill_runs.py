@@ -102,4 +102,24 @@ def run_and_kill(overrides: list[str], kills: list[tuple], timeout_s: float = 40
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+    assert not (left := processes_of(proc.pid)), f"processes of the run left behind: {left}"
     return proc.returncode, out + rest, err, run_dir, killed
+
+
+def processes_of(controller_pid: int, wait_s: float = 10.0) -> list[str]:
+    """The processes still alive `wait_s` after the run ended that the run started (they carry its
+    pid in TANDEM_PARENT_PID: services, their ranks, the helpers those spawned)."""
+    mark = f"TANDEM_PARENT_PID={controller_pid}".encode()
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        left.append(f"{pid}: {open(f'/proc/{pid}/cmdline', 'rb').read()[:120]!r}")
+            except OSError:
+                continue  # gone meanwhile, or not ours to read
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
