@@ -12,7 +12,7 @@
    GAE with a critic service) and DAPO (deploy/configs/arithmetic_dapo.yaml).
 3. A table: held-out greedy accuracy (256 prompts) before and after RL, the gain, mean
    seconds per RL step (metrics.jsonl timing_s/step), and for DAPO the prompt groups its
-   dynamic sampling dropped. `--write-results` appends it to bench/RESULTS.md.
+   dynamic sampling dropped. `--write-results` appends it to bench/results/learning.md.
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def main() -> None:
     p.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_algorithms"))
     p.add_argument("--steps", type=int, default=120, help="RL steps per algorithm")
     p.add_argument("--only", nargs="*", help="algorithm names to run (default: all)")
-    p.add_argument("--write-results", action="store_true", help="append the table to bench/RESULTS.md")
+    p.add_argument("--write-results", action="store_true", help="append the table to bench/results/learning.md")
     p.add_argument("--report-only", action="store_true",
                    help="only print the table of the runs already under --out")
     a = p.parse_args()
@@ -128,7 +128,7 @@ def main() -> None:
               f"held-out: 256 prompts, greedy, exact match\n")
     print(header + "\n" + text)
     if a.write_results:
-        with open(os.path.join(ROOT, "bench", "RESULTS.md"), "a") as f:
+        with open(os.path.join(ROOT, "bench", "results", "learning.md"), "a") as f:
             f.write("\n\n" + header + "\n" + text + "\n")
 
 

@@ -11,7 +11,7 @@
    (on_stale=wait: no batch is dropped, so both train on the same number of samples).
 3. A table: held-out greedy accuracy after RL of each, their difference, mean staleness, s/step;
    the means over seeds and whether async is within 3 points of sync. `--write-results` appends it
-   to bench/RESULTS.md.
+   to bench/results/async.md.
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def main() -> None:
               f"rollout and tis_imp_ratio_cap=2 both ways, {a.steps} RL steps each; held-out greedy accuracy\n")
     print(header + "\n" + text)
     if a.write_results:
-        with open(os.path.join(ROOT, "bench", "RESULTS.md"), "a") as f:
+        with open(os.path.join(ROOT, "bench", "results", "async.md"), "a") as f:
             f.write("\n\n" + header + "\n" + text + "\n")
 
 

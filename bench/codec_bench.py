@@ -12,7 +12,7 @@ log-probs, bf16 values), the median time of:
 
 and reports GB/s of tensor payload and the ratio to `torch.clone` of the same
 tensors (and a `bytes` copy of a buffer of the same size) measured in the
-same run. Prints a markdown section for bench/RESULTS.md.
+same run. Prints a markdown section for bench/results/codec.md.
 
     python bench/codec_bench.py [--rows 256] [--seq 2048] [--repeats 21]
 """

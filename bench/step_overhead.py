@@ -30,7 +30,7 @@ a Hugging Face checkpoint with the built-in tokenizer's vocabulary, 16 prompts x
 the built-in task, 6 new tokens, lr 1e-5, no KL, token-mean. Defaults otherwise: the built-in
 config with trainer.sft.total_steps=0; overrides are dotted keys as for `tandem run` (only the
 colocated GRPO roles, actor + reward, are supported). Prints a markdown section for
-bench/RESULTS.md.
+bench/results/step_overhead.md.
 """
 from __future__ import annotations
 

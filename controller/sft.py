@@ -9,9 +9,8 @@ count: every `eval_freq` steps the policy's greedy accuracy on a dev split (`dev
 held out of the training data by `split_dev`, never trained on, and not the validation set
 that the run reports) is measured, and the first one at or above the threshold stops it. A
 model learning the built-in task does so after a plateau near zero accuracy whose length
-depends on the seed and on the last bits of CPU arithmetic (590 to 1340 steps measured), then
-in a sharp rise; a fixed step count lands before, inside or after it, and RL's gain with it
-(bench/RESULTS.md, "built-in task"). "auto" (the default) is resolve_stop's choice.
+depends on the seed and on the last bits of CPU arithmetic, then in a sharp rise; a fixed step
+count lands before, inside or after it, and RL's gain with it (bench/results/learning.md). "auto" (the default) is resolve_stop's choice.
 
 Deliberately not here: the loss and optimizer (the actor service's TrainSft), when SFT runs
 (the warm start in controller/run.py), how accuracy is measured (controller/validation.py).
@@ -50,8 +49,8 @@ def sft_batch(examples: list[Example], tokenizer) -> DataProto:
     return DataProto(tensors={"input_ids": ids, "attention_mask": attn, "loss_mask": loss})
 
 
-# stop_at_accuracy "auto" on the built-in task. Stopped here, at the start of its sharp rise, RL
-# gained +0.2 to +0.4 for every seed and thread count measured (bench/RESULTS.md, "built-in task").
+# stop_at_accuracy "auto" on the built-in task: stopped at the start of its sharp rise, RL gains for
+# every seed and thread count measured (bench/results/learning.md).
 BUILTIN_STOP_AT_ACCURACY = 0.4
 # total_steps "auto" on the built-in task (with its stop, the most it runs); the user's data gets none, as in verl
 BUILTIN_TOTAL_STEPS = 4000

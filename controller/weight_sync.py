@@ -1,11 +1,12 @@
 """The controller's one weight-sync call: order every standalone rollout replica to pull a version.
 
-The controller never touches the bytes (DESIGN §5): each replica pulls `version` from the
-actor's endpoint itself (tandem/weights/receiver.py) and answers with the version it now
-serves, the transport and the bytes moved. All replicas sync concurrently from one export on
-the actor. Metrics: `timing_s/weight_sync` (wall time of the whole sync), `weight_sync/bytes`
-(summed over replicas), `perf/weight_sync_gbps` (those bytes over that time), and
-`rollout/weights_version` (the version the next generation uses).
+The controller never touches the bytes (gigabytes per sync would make its one process the
+bottleneck): each replica pulls `version` from the actor's endpoint itself
+(tandem/weights/receiver.py) and answers with the version it now serves, the transport and the
+bytes moved. All replicas sync concurrently from one export on the actor. Metrics:
+`timing_s/weight_sync` (wall time of the whole sync), `weight_sync/bytes` (summed over
+replicas), `perf/weight_sync_gbps` (those bytes over that time), and `rollout/weights_version`
+(the version the next generation uses).
 """
 from __future__ import annotations
 

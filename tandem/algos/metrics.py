@@ -159,7 +159,7 @@ TRAINING_ROLLOUT_PROBS_DIFF_MAX = _define(
 TRAINING_ROLLOUT_PROBS_DIFF_MEAN = _define("training/rollout_probs_diff_mean", "mean of the same")
 TRAINING_ROLLOUT_PROBS_DIFF_STD = _define("training/rollout_probs_diff_std", "standard deviation of the same")
 
-# ---- issue 4: TIS, DAPO, validation at N samples ---------------------------------
+# ---- truncated importance sampling, DAPO, validation at N samples -----------------
 ACTOR_TIS_IMP_RATIO_MEAN = _define(
     "actor/tis_imp_ratio_mean", "mean over response tokens of the truncated IS weight min(pi_old / pi_rollout, cap)")
 ACTOR_TIS_CLIPFRAC = _define("actor/tis_clipfrac", "fraction of response tokens whose IS ratio exceeded the cap")

@@ -168,7 +168,7 @@ def load_config_with_notices(path: str | None = None, overrides: list[str] | Non
     if verl_config or settings.verl_base:
         tandem = {**base_settings(user, settings.deleted, keys), **tandem}
         translation.notes.append(f"started from verl's defaults ({verl_config or 'named by the YAML'}) for every "
-                                 "key not set; see README, 'Coming from verl'")
+                                 "key not set; see docs/coming-from-verl.md")
     if "trainer.total_epochs" in user and "trainer.total_training_steps" not in user:
         tandem["trainer.total_training_steps"] = None  # verl: epochs decide unless steps are set
     merged = _merge(base, tandem, problems)

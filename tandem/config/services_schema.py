@@ -16,13 +16,13 @@ class RayPlacement:  # how the ray launcher places a service's ranks (one placem
 
 @dataclass
 class TLSConfig:  # TLS on a service's port (tandem/rpc/tls.py); one CA for the service and its callers
-    enable: bool = False
+    enable: bool = False  # serve TLS on the role's port (docs/security.md)
     cert_file: Optional[str] = None  # the service's certificate chain, PEM (where the service is started)
     key_file: Optional[str] = None  # its private key, PEM
     ca_file: Optional[str] = None  # CA the caller checks the service against (None: system roots); client_auth: also the callers'
     client_auth: bool = False  # mutual TLS: the service requires a caller certificate signed by ca_file
     client_cert_file: Optional[str] = None  # the controller's certificate for mutual TLS
-    client_key_file: Optional[str] = None
+    client_key_file: Optional[str] = None  # its private key
     server_name: Optional[str] = None  # name the certificate is checked against (None: the endpoint's host)
 
 
@@ -36,7 +36,7 @@ class AuthConfig:  # bearer token on a service's port (tandem/rpc/auth.py); the 
 @dataclass
 class ServiceEndpoint:
     endpoint: Optional[str] = None  # host:port of a running service to attach to; None = start one
-    torch_threads: int = 1
+    torch_threads: int = 1  # CPU threads of each rank (torch.set_num_threads; also the CPU optimizer's)
     world_size: int = 1  # ranks of the service: tensor x pipeline x data parallel
     replicas: int = 1  # rollout only: independent services the controller splits generation over
     devices: Optional[str] = None  # GPUs (CUDA_VISIBLE_DEVICES) of its ranks, e.g. "1" or "2,3"; replicas take consecutive groups
@@ -54,7 +54,7 @@ class ServicesConfig:
     rollout: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     critic: ServiceEndpoint = field(default_factory=ServiceEndpoint)
     reward: ServiceEndpoint = field(default_factory=ServiceEndpoint)
-    startup_timeout_s: float = 180.0
+    startup_timeout_s: float = 180.0  # seconds a started service may take to answer SERVING
     # a call's deadline before its duration is measured; measured ones (the model services') get at least a
     # tenth of it and at most all of it (tandem/rpc/deadlines.py): a hung service is restarted after that
     rpc_timeout_s: float = 600.0

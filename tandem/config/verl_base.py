@@ -4,7 +4,7 @@ verl's scripts name verl's config (`--config-name ppo_megatron_trainer`): such a
 verl's defaults (verl_defaults.yaml) for every key the user leaves unset, as verl would, except
 where Tandem cannot take verl's value (NOT_TAKEN, why). A plain `tandem run` starts from Tandem's
 own defaults, which are sized for the built-in task; DIFFERENCES says why each one differs from
-verl's, and the README's table is generated from it (python -m tandem.config.verl_compat).
+verl's, and docs/coming-from-verl.md's table is generated from it (python -m tandem.config.verl_base).
 """
 from __future__ import annotations
 
@@ -109,7 +109,7 @@ def differing_keys() -> list[str]:
 
 
 def defaults_markdown() -> str:
-    """The README's table of Tandem's defaults that differ from verl's."""
+    """docs/coming-from-verl.md's table of Tandem's defaults that differ from verl's."""
     keys = TandemKeys.of_schema()
     base = base_settings({}, set(), keys)
 

@@ -228,14 +228,15 @@ def unknown_key_message(key: str, keys: TandemKeys) -> str:
     return f"unknown config key {key!r} (neither Tandem's nor verl's){hint}"
 
 
-# ---- the README's table ---------------------------------------------------------------------------
+# ---- docs/coming-from-verl.md's lists ---------------------------------------------------------------
 
 def rules_markdown() -> str:
-    """The README's three groups: verl keys Tandem has (honoured), mapped, refused (python -m prints it)."""
+    """docs/coming-from-verl.md's three groups: verl keys Tandem has (honoured), mapped, refused (python -m
+    prints them)."""
     keys = TandemKeys.of_schema()
     same = sorted(k for k in verl_defaults() if k in keys.defaults or
                   (keys.under_free_form(k) and rule_for(k, _NOTHING, False) is None))
-    lines = ["Honoured (Tandem's key, verl's meaning): " + ", ".join(f"`{k}`" for k in same) + ".", "",
+    lines = ["Honoured (Tandem's key, verl's meaning):", "", *(f"- `{k}`" for k in same), "",
              "| verl key | mapped to |", "| --- | --- |"]
     lines += [f"| `{r.pattern}`{' (' + _when_text(r) + ')' if r.when else ''} | {_cell(r.why)} |"
               for r in RULES if r.kind == MAPPED]

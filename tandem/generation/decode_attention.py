@@ -24,9 +24,9 @@ group to the prompt's keys in one [n x qpg, d] tile (tensor cores, one read of t
 and V, from the group's first slot), programs of split 0 each slot's own keys, positions
 prompt_len..pos; the combine kernel merges the two by their log-sum-exps. With n = 8 and
 prompts of ~200 tokens the prompt is ~40% of the bytes a decode step's attention reads. Used
-when the context is not split otherwise (large batches, where it matters). (Measured on an
-H200, bench/RESULTS.md: the prompt's part as a kernel before the main one, its state then
-continued there, was no faster alone: two short dependent launches.)
+when the context is not split otherwise (large batches, where it matters). (The prompt's part
+as a kernel before the main one, its state then continued there, was no faster alone: two short
+dependent launches; bench/results/generation.md.)
 
 GPU only in production (the runner picks it on CUDA, SDPA elsewhere); with
 TRITON_INTERPRET=1 it also runs on CPU tensors, which the unit tests use.

@@ -13,8 +13,9 @@ mutates the cache could copy all of it.
 Same math and order as the modules (tested against them on CPU, uncompiled and
 compiled). Only for the layer spec Tandem builds (RMSNorm, SwiGLU, RoPE, GQA, optional qkv
 bias and q/k norms; no MoE) at TP = 1: `DecodeWeights.from_model` returns None for
-anything else and the runner keeps the module path. On an H200 at batch 256 this took a
-decode step from 5.4 to 3.3 ms (0.5B) and 7.9 to 5.4 ms (1.5B): bench/RESULTS.md.
+anything else and the runner keeps the module path. Why: the module path launches ~1,000 small
+kernels a decode step; compiled, each layer's norms, RoPE and SwiGLU are one kernel each
+(bench/results/generation.md).
 """
 from __future__ import annotations
 
@@ -34,9 +35,8 @@ COMPILE_KW = dict(fullgraph=True, dynamic=False)
 # compile modes: "plain" compiles the model math only; "step" also the step's index math
 # and bookkeeping (~25 tiny kernels per step otherwise, each a launch in the graph);
 # "autotune" (opt-in, CUDA only) also picks each layer GEMM among cuBLAS and inductor's
-# Triton templates by timing them at the batch size: ~60 s more compile per batch size on an
-# H200 (torch 2.11), and measured slower there (0.5B, batch 256: 2.17 against 2.05 ms per
-# step, bench/RESULTS.md): kept opt-in for other GPUs and shapes
+# Triton templates by timing them at the batch size: much longer compiles, and measured slower on
+# an H200 (bench/results/generation.md): kept opt-in for other GPUs and shapes
 MODES = ("plain", "step", "autotune")
 DEFAULT_MODE = "step"
 AUTOTUNE = dict(max_autotune_gemm=True, max_autotune_gemm_backends="ATEN,TRITON",

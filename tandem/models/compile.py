@@ -187,10 +187,9 @@ def specialize_floats() -> None:
     (`specialize_float=False`) makes each float a layer reads (layernorm eps, softmax scale, dropout
     rate, the sampler's temperature, ...) a 0-d CPU tensor input: on a GPU that puts C++ CPU
     kernels into the graphs, and loading those from the cache made inductor check the host's vector
-    ISA by building and loading test libraries in subprocesses (~24 s of a warm process's first
-    compile on an H200, bench/compile_cache_probe.py --profile). The values do not change within a
-    run, so nothing recompiles. Measured on an H200: the probe's warm compile 51.2 -> 2.9 s, a 0.5B
-    GRPO run's warm first step 11.0 s (1.8x a steady step; 51.7 s before)."""
+    ISA by building and loading test libraries in subprocesses, most of a warm process's first
+    compile (bench/results/e2e_step.md). The values do not change within a run, so nothing
+    recompiles."""
     torch._dynamo.config.specialize_float = True
 
 

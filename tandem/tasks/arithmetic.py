@@ -5,7 +5,7 @@ with 4, zero-padded (`012+345=` -> `0357`), so every digit sits at the same posi
 problem. Unpadded (`12+345=` -> `357`), a model this small first has to find which digits line
 up; it learns that after a plateau whose length varies with the seed and the CPU's last bits,
 and often only in part (the carry into the tens digit), which RL then cannot repair
-(bench/RESULTS.md, "built-in task").
+(bench/results/learning.md).
 
 It ships its own tokenizer (a Hugging Face fast tokenizer with one token per character,
 saved to disk and loaded back with AutoTokenizer like any other) and writes its data as

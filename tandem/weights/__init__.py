@@ -1,4 +1,5 @@
-"""The weight plane: actor -> rollout weights, outside the controller (DESIGN §5).
+"""The weight plane: actor -> rollout weights, outside the controller (gigabytes per sync, which one
+controller process must not carry; docs/weight-plane.md).
 
 layout.py (the manifest and the flat byte layout every transport moves), source.py (the
 actor's side: one export per version, served to every replica), staging.py (each rollout

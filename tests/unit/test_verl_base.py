@@ -1,6 +1,6 @@
 """Defaults a verl user expects (tandem/config/verl_base.py): a run named by verl's config starts from
 verl's defaults (verl's interpolations followed, Tandem's own choices where it cannot take verl's),
-every default of Tandem's that differs from verl's says why, and the README's table is the code's."""
+every default of Tandem's that differs from verl's says why, and docs/coming-from-verl.md's table is the code's."""
 import pathlib
 
 from tandem.config import load_config_with_notices
@@ -11,15 +11,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILT_IN_SHAPE = ["actor_rollout_ref.model.path=null", "actor_rollout_ref.model.max_position_embeddings=2048"]
 
 
-def test_every_differing_default_says_why_and_the_readme_shows_them():
+def test_every_differing_default_says_why_and_the_docs_show_them():
     keys = TandemKeys.of_schema()
     differing = differing_keys()
     assert set(DIFFERENCES) == set(differing), set(DIFFERENCES) ^ set(differing)
     assert all(keys.defaults[k] == v for k, v in verl_defaults().items()
                if k in keys.defaults and k not in differing and k not in SAME)  # control: the rest are equal
     assert set(NOT_TAKEN) <= set(differing) and all(DIFFERENCES[k] for k in differing)
-    assert defaults_markdown() in (ROOT / "README.md").read_text(), \
-        "regenerate the README's table of defaults: python -m tandem.config.verl_base"
+    assert defaults_markdown() in (ROOT / "docs" / "coming-from-verl.md").read_text(), \
+        "regenerate docs/coming-from-verl.md's table of defaults: python -m tandem.config.verl_base"
 
 
 def test_a_run_named_by_verls_config_starts_from_verls_defaults():

@@ -181,8 +181,8 @@ def test_mappings_set_tandem_keys_and_explicit_keys_win(tmp_path, monkeypatch):
     assert load_config(None, ["trainer.default_local_dir=~/runs"]).trainer.default_local_dir == f"{tmp_path}/runs"
 
 
-def test_readme_lists_every_rule():
+def test_the_docs_list_every_rule():
     from tandem.config.verl_compat import rules_markdown
 
-    readme = (ROOT / "README.md").read_text()
-    assert rules_markdown() in readme, "regenerate the README's verl table: python -m tandem.config.verl_compat"
+    page = (ROOT / "docs" / "coming-from-verl.md").read_text()
+    assert rules_markdown() in page, "regenerate docs/coming-from-verl.md's lists: python -m tandem.config.verl_compat"
