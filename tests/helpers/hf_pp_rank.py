@@ -12,6 +12,7 @@ import os
 import sys
 
 import torch
+from actor_runs import assert_same_weights
 
 from tandem.process_exit import exit_process
 
@@ -34,10 +35,7 @@ def main() -> int:
         gathered = tp1_weights(stage, shape)
         whole = build_gpt_model(shape, replica=True)
         load_hf_weights(whole, hf_dir, shape, tp_rank=0, tp_size=1)
-        params = dict(whole.named_parameters())
-        assert gathered.keys() == params.keys(), sorted(gathered.keys() ^ params.keys())
-        bad = [k for k, v in params.items() if not torch.equal(gathered[k], v.detach())]
-        assert not bad, bad
+        assert_same_weights(gathered, {k: v.detach() for k, v in whole.named_parameters()}, atol=0)
         print(f"{hf_dir}: stage {rank} loaded {len(loaded)} tensors; the stages equal the whole model", flush=True)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
