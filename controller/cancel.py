@@ -41,12 +41,12 @@ class CancelFlag:
             raise RunCancelled(self.reason)
 
 
-async def save_on_cancel(roles, run_dir: str, save_freq: int, completed_state: dict | None) -> str | None:
-    """The checkpoint of the last completed RL step when `save_freq` asks for checkpoints
+async def save_on_cancel(roles, run_dir: str, trainer, completed_state: dict | None) -> str | None:
+    """The checkpoint of the last completed RL step when `trainer.save_freq` asks for checkpoints
     (the existing one if that step was saved already) -> its directory, or None."""
-    if not save_freq or roles is None or not completed_state or not completed_state.get("global_step"):
+    if trainer.save_freq <= 0 or roles is None or not completed_state or not completed_state.get("global_step"):
         return None
     ckpt = checkpointing.step_dir(run_dir, completed_state["global_step"])
     if os.path.isfile(os.path.join(ckpt, checkpointing.STATE_FILE)):
         return ckpt
-    return await checkpointing.save(roles, run_dir, completed_state)
+    return await checkpointing.save(roles, run_dir, completed_state, trainer.max_ckpt_to_keep)

@@ -1,5 +1,6 @@
-"""Run checkpoints: written every `trainer.save_freq` RL steps and at the end; found and
-restored for `trainer.resume_mode=auto|resume_path` (verl's keys).
+"""Run checkpoints: written every `trainer.save_freq` RL steps and at the last (none when it is
+<= 0, as in verl); the newest `trainer.max_ckpt_to_keep` kept; found and restored for
+`trainer.resume_mode=auto|resume_path` (verl's keys).
 
 A checkpoint is `<run_dir>/checkpoints/global_step_N/` with `actor/` and `critic/`
 (megatron dist_checkpointing directories, resharded on load) and `controller_state.json`
@@ -38,9 +39,10 @@ def step_dir(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, "checkpoints", f"global_step_{step}")
 
 
-async def save(roles, run_dir: str, state: dict) -> str:
+async def save(roles, run_dir: str, state: dict, keep: int | None = None) -> str:
     """Actor and critic, then `state` (the controller's, `global_step` included) as
-    controller_state.json -> the checkpoint directory. ResourceExhausted before anything is
+    controller_state.json -> the checkpoint directory; then only the newest `keep` complete
+    checkpoints are left (None: all). ResourceExhausted before anything is
     written when the disk has less room than the run's last checkpoint took; a save that fails
     leaves no incomplete directory behind. A cancelled one (a service died mid-save and the run
     goes back) leaves it: a service may still be writing there; without controller_state.json it
@@ -65,7 +67,22 @@ async def save(roles, run_dir: str, state: dict) -> str:
         if not is_complete(ckpt):  # never resumed from: its parts only take the room
             shutil.rmtree(ckpt, ignore_errors=True)
         raise
+    if keep is not None:
+        prune(run_dir, keep)
     return ckpt
+
+
+def prune(run_dir: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` complete checkpoints -> the directories removed. Only
+    after a newer one is complete, so a crash at any moment leaves one to go back to; incomplete
+    directories are left to the save that made them (it may still be writing there)."""
+    old = complete_steps(run_dir)[:-keep] if keep > 0 else []
+    for _, d in old:
+        os.remove(os.path.join(d, STATE_FILE))  # first: a crash mid-removal leaves no checkpoint that looks whole
+        shutil.rmtree(d)
+    if old:
+        _log.info("checkpoints.pruned", removed=[os.path.basename(d) for _, d in old], kept=keep)
+    return [d for _, d in old]
 
 
 def check_room(run_dir: str, ckpt: str) -> None:
@@ -87,14 +104,20 @@ def is_complete(ckpt: str) -> bool:
             and all(os.path.isfile(os.path.join(p, DONE)) for p in parts))
 
 
-def latest(run_dir: str) -> str | None:
-    """The complete checkpoint of the highest step in a run directory."""
+def complete_steps(run_dir: str) -> list[tuple[int, str]]:
+    """(step, directory) of a run's complete checkpoints, oldest first."""
     steps = []
     for d in glob.glob(os.path.join(run_dir, "checkpoints", "global_step_*")):
         m = re.fullmatch(r"global_step_(\d+)", os.path.basename(d))
         if m and is_complete(d):
             steps.append((int(m.group(1)), d))
-    return max(steps)[1] if steps else None
+    return sorted(steps)
+
+
+def latest(run_dir: str) -> str | None:
+    """The complete checkpoint of the highest step in a run directory."""
+    steps = complete_steps(run_dir)
+    return steps[-1][1] if steps else None
 
 
 def find_resume(cfg: TandemConfig) -> str | None:

@@ -24,8 +24,10 @@ Deliberately not here: one step's algorithm (controller/step.py), checkpoint fil
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -167,7 +169,7 @@ class Run:
             if not self.cancel.is_set():
                 raise
             # stopped at a safe point, or a generation cut by the services (ABORTED)
-            await save_on_cancel(self.roles, self.run_dir, self.cfg.trainer.save_freq, self.completed_state)
+            await save_on_cancel(self.roles, self.run_dir, self.cfg.trainer, self.completed_state)
             raise RunCancelled(self.cancel.reason) from e
         finally:
             try:
@@ -203,7 +205,7 @@ class Run:
         if not self.warmed_up:
             await self._warm_start()
             self.warmed_up = True
-            if t.max_restarts and t.save_freq:  # global_step_0: what a crash before step save_freq goes back to
+            if t.max_restarts and t.save_freq > 0:  # global_step_0: what a crash before step save_freq goes back to
                 await self._save()
         await self._train()
         await self._finish()
@@ -227,8 +229,12 @@ class Run:
         self.cancel.check()
         await roles.actor.set_reference()
         if roles.critic is not None and self.cfg.critic.init_from_policy:
-            path = await roles.actor.save_checkpoint(os.path.join(self.run_dir, "checkpoints", "init", "actor"))
-            await roles.critic.load_checkpoint(path, trunk_only=True)
+            init = os.path.join(self.run_dir, "checkpoints", "init")
+            await roles.critic.load_checkpoint(await roles.actor.save_checkpoint(os.path.join(init, "actor")),
+                                               trunk_only=True)
+            shutil.rmtree(init)  # a policy-sized copy (optimizer included) no run goes back to
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.dirname(init))  # empty unless save_freq asks for checkpoints
         if t.val_before_train:  # verl's key: false starts RL without validating first
             metrics = await self._validate(step=0)
             self.summary["val_accuracy_after_sft"] = metrics.get("val/accuracy")
@@ -293,7 +299,7 @@ class Run:
         self.tracking.log(metrics, step=step)
         self.steps.done = step
         self.completed_state = self.state_dict()
-        if t.save_freq and step % t.save_freq == 0 and not last:
+        if t.save_freq > 0 and step % t.save_freq == 0 and not last:
             await self._save()
 
     async def _finish(self) -> None:
@@ -307,7 +313,8 @@ class Run:
             self.summary["rl_gain"] = final - after_sft
         self.tracking.log(metrics or {"val/accuracy": 0.0}, step=last)
         self.steps.done = last
-        self.summary["checkpoint"] = await self._save()
+        if self.cfg.trainer.save_freq > 0:  # as verl: none at all when save_freq <= 0
+            self.summary["checkpoint"] = await self._save()
 
     # ---- what the phases share -------------------------------------------------------------
 
@@ -335,7 +342,7 @@ class Run:
         return metrics
 
     async def _save(self) -> str:
-        return await checkpointing.save(self.roles, self.run_dir, self.state_dict())
+        return await checkpointing.save(self.roles, self.run_dir, self.state_dict(), self.cfg.trainer.max_ckpt_to_keep)
 
     def _write_summary(self) -> dict:
         summary = dict(self.summary.values, wall_time_s=time.time() - self.started, run_dir=self.run_dir)

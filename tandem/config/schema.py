@@ -322,9 +322,12 @@ class TrainerConfig:
     logger: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])  # + wandb, mlflow, swanlab
     test_freq: int = 40  # validate every N steps (0 = only before and after RL)
     val_before_train: bool = True  # validate before RL (step 0, after the warm start); verl's key
-    # checkpoint every N RL steps (0 = only at the end); with max_restarts > 0 also after the warm
-    # start (global_step_0). A crash loses at most N steps of work; each save costs one checkpoint write.
+    # checkpoint every N RL steps and at the last (<= 0: none, as in verl); with max_restarts > 0 also
+    # after the warm start (global_step_0). A crash loses at most N steps of work; each save costs a write.
     save_freq: int = 10
+    # the newest N complete checkpoints kept, older ones removed once a newer one is complete (None: all);
+    # verl's max_actor_ckpt_to_keep / max_critic_ckpt_to_keep (one checkpoint holds both roles here)
+    max_ckpt_to_keep: Optional[int] = None
     max_restarts: int = 3  # services restarted after a crash (then the run stops); 0 = no recovery
     resume_mode: str = "disable"  # disable | auto (latest checkpoint of this experiment) | resume_path
     resume_from_path: Optional[str] = None  # a checkpoints/global_step_N directory (resume_mode=resume_path)

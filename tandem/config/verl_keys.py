@@ -71,6 +71,13 @@ def whole(value, minimum: int = 1) -> int:
     return int(value)
 
 
+def _ckpt_to_keep(value, get) -> dict:
+    """verl's per-role counts -> the one count of whole checkpoints (the larger; null: every one)."""
+    counts = [whole(v) for v in (get("trainer.max_actor_ckpt_to_keep"), get("trainer.max_critic_ckpt_to_keep"))
+              if v is not None]
+    return {"trainer.max_ckpt_to_keep": max(counts)} if counts else {}
+
+
 def _world_sizes(value, get) -> dict:
     """verl's GPUs (n_gpus_per_node x nnodes) -> the ranks of each model service Tandem starts.
     Every role's rank r uses GPU r, as verl colocates its roles on all GPUs."""
@@ -159,8 +166,6 @@ MBS = "deprecated in verl; use the matching ..._micro_batch_size_per_gpu key"
 
 RULES: tuple[Rule, ...] = (
     # ---- verl's values on Tandem keys of the same name ----
-    mapped("trainer.save_freq", "trainer.save_freq=0 (checkpoint only at the end; Tandem always saves the "
-           "last step)", lambda v, g: {"trainer.save_freq": 0}, when=lambda v: v == -1),
     mapped("trainer.test_freq", "trainer.test_freq=0 (validate before and after RL only)", lambda v, g: {
         "trainer.test_freq": 0}, when=lambda v: v == -1),
     mapped("actor_rollout_ref.rollout.mode", "Tandem's rollout.mode=colocated (verl's sync and async both "
@@ -380,7 +385,8 @@ RULES: tuple[Rule, ...] = (
     mapped("trainer.esi_redundant_time", "no elastic-instance deadline"),
     refused("trainer.del_local_ckpt_after_load", "checkpoints are kept"),
     refused("trainer.default_hdfs_dir", "checkpoints go to trainer.default_local_dir only"),
-    refused("trainer.max_*_ckpt_to_keep", "every checkpoint is kept"),
+    mapped("trainer.max_*_ckpt_to_keep", "trainer.max_ckpt_to_keep: one checkpoint holds actor and critic, so "
+           "the larger of the two is kept (nothing a user asked to keep is removed)", _ckpt_to_keep),
     mapped("trainer.ray_wait_register_center_timeout", "no Ray: services.startup_timeout_s"),
     mapped("trainer.device", "GPUs when present, else CPU (tandem/parallel/device.py)"),
     refused("trainer.rollout_data_dir", "rollouts are not dumped; trainer.log_val_generations logs validation "

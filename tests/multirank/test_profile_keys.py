@@ -1,6 +1,7 @@
 """verl's `profile` keys through a real `tandem run` (gloo ranks on CPU): torch.profiler traces
 appear exactly for the chosen roles, ranks and RL steps, named <role>_rank<r>_step<s>.json under
-the run directory; bad values are ConfigErrors naming the key."""
+the run directory; bad values are ConfigErrors naming the key. The run also shows that
+`trainer.save_freq=-1` (verl's value) leaves no checkpoint at all."""
 import json
 import os
 import subprocess
@@ -15,7 +16,7 @@ RUN = ["trainer.sft.total_steps=0", "trainer.total_training_steps=3", "data.trai
        "actor_rollout_ref.actor.ppo_mini_batch_size=2", "critic.ppo_mini_batch_size=2", "trainer.test_freq=0",
        "data.max_prompt_length=16", "data.max_response_length=4", "trainer.logger=[console,jsonl]",
        "services.actor.torch_threads=1", "algorithm.adv_estimator=gae", "actor_rollout_ref.rollout.mode=standalone",
-       "services.actor.world_size=2", "trainer.max_restarts=0", "trainer.save_freq=0"]
+       "services.actor.world_size=2", "trainer.max_restarts=0", "trainer.save_freq=-1"]
 PROFILE = {  # section: (ranks, start, end) -> the traces expected, by role
     "actor_rollout_ref.actor.profile": ("[1]", 2, 4),
     "critic.profile": ("null", 1, 2),
@@ -38,6 +39,7 @@ def test_traces_exactly_for_the_chosen_roles_ranks_and_steps(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = [tmp_path / d for d in os.listdir(tmp_path)]
     assert set(os.listdir(run_dir / "profile")) == EXPECTED
+    assert not (run_dir / "checkpoints").exists()  # save_freq=-1: none, not even the critic's start
     for name in EXPECTED:
         events = json.loads((run_dir / "profile" / name).read_text())["traceEvents"]
         role = name.split("_rank")[0]

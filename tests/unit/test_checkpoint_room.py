@@ -111,3 +111,28 @@ def test_the_controller_checks_the_room_against_the_last_checkpoint(tmp_path, mo
             "as the last one (global_step_2) did, 5000 bytes (5.0 kB) are free there")):
         asyncio.run(checkpointing.save(nothing, str(tmp_path), {"global_step": 4}))
     assert sorted(os.listdir(tmp_path / "checkpoints")) == ["global_step_2"]
+
+
+def test_only_the_newest_checkpoints_are_kept_once_a_newer_one_is_complete(actor, tmp_path):
+    """trainer.max_ckpt_to_keep=2 through the real service: after each save the newest two complete
+    checkpoints are left, each still loadable; an incomplete directory is not the pruner's to remove."""
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints" / "global_step_9").mkdir(parents=True)  # a save still writing (no state file)
+
+    async def main():
+        async with serving(tmp_path, [(SERVICE, ActorServicer(actor, WorkerThread()))]) as endpoint:
+            async with ActorClient(endpoint, timeout_s=60) as client:
+                roles = types.SimpleNamespace(actor=client, critic=None)
+                left = []
+                for step in (1, 2, 3, 4):
+                    await checkpointing.save(roles, str(run_dir), {"global_step": step}, keep=2)
+                    left.append(sorted(os.listdir(run_dir / "checkpoints")))
+                return left
+
+    assert asyncio.run(main()) == [["global_step_1", "global_step_9"], ["global_step_1", "global_step_2", "global_step_9"],
+                                   ["global_step_2", "global_step_3", "global_step_9"],
+                                   ["global_step_3", "global_step_4", "global_step_9"]]
+    for step in (3, 4):
+        ckpt = run_dir / "checkpoints" / f"global_step_{step}"
+        assert checkpointing.is_complete(str(ckpt)) and checkpoint.is_checkpoint(str(ckpt / "actor"))
+    assert checkpointing.latest(str(run_dir)).endswith("global_step_4")

@@ -33,7 +33,7 @@ def test_a_run_named_by_verls_config_starts_from_verls_defaults():
     assert (cfg.data.max_prompt_length, cfg.data.max_response_length, cfg.data.train_batch_size) == (100, 512, 1024)
     assert (a.optim.lr, a.optim.weight_decay, a.megatron.seed, a.megatron.use_distributed_optimizer) == \
         (1e-6, 0.01, 42, True)
-    assert (t.total_epochs, t.total_training_steps, t.save_freq, t.test_freq) == (30, None, 0, 0)
+    assert (t.total_epochs, t.total_training_steps, t.save_freq, t.test_freq) == (30, None, -1, 0)
     assert cfg.services.actor.world_size == 8 and not cfg.data.filter_overlong_prompts
     # verl's interpolations follow the user's value; a deleted key is Tandem's default again
     assert (c.ppo_mini_batch_size, c.forward_max_token_len_per_gpu) == (32, c.ppo_max_token_len_per_gpu)

@@ -40,7 +40,7 @@ def test_every_verl_key_at_its_default_is_honoured_or_mapped():
     assert kinds(t)[HONOURED] > 300 and kinds(t)[MAPPED] > 100
     # a mapped key at verl's default gets a notice only when it sets a Tandem key (verl's rollout TP=2, its
     # vLLM engine's, becomes the actor's TP)
-    assert len(t.notices) == len([o for o in t.of_kind(MAPPED) if o.updates]) == 6, t.notices
+    assert len(t.notices) == len([o for o in t.of_kind(MAPPED) if o.updates]) == 5, t.notices
     assert t.tandem["actor_rollout_ref.rollout.tensor_model_parallel_size"] is None
 
 
@@ -166,10 +166,14 @@ def test_mappings_set_tandem_keys_and_explicit_keys_win(tmp_path, monkeypatch):
                              "actor_rollout_ref.rollout.max_num_seqs=64", "trainer.save_freq=-1",
                              "trainer.test_freq=-1", "algorithm.rollout_correction.rollout_is=token",
                              "algorithm.rollout_correction.rollout_is_threshold=3.0", "data.seed=null",
-                             "actor_rollout_ref.actor.use_prefix_grouper=true"])
+                             "actor_rollout_ref.actor.use_prefix_grouper=true", "trainer.max_actor_ckpt_to_keep=2",
+                             "trainer.max_critic_ckpt_to_keep=3"])
     assert (cfg.services.actor.world_size, cfg.services.critic.world_size, cfg.services.rollout.world_size) == (2, 2, 1)
-    assert cfg.actor_rollout_ref.rollout.max_batch_size == 64 and (cfg.trainer.save_freq, cfg.trainer.test_freq) == (0, 0)
+    assert cfg.actor_rollout_ref.rollout.max_batch_size == 64 and (cfg.trainer.save_freq, cfg.trainer.test_freq) == (-1, 0)
     assert cfg.actor_rollout_ref.actor.tis_imp_ratio_cap == 3.0 and cfg.data.seed == 1
+    assert cfg.trainer.max_ckpt_to_keep == 3  # one checkpoint holds both roles: the larger count
+    with pytest.raises(ConfigError, match=r"trainer.max_ckpt_to_keep.*must be >= 1"):
+        load_config(None, ["trainer.max_ckpt_to_keep=0"])
     cfg = load_config(None, ["trainer.n_gpus_per_node=4", "services.actor.world_size=2"])
     assert cfg.services.actor.world_size == 2
     # ref.megatron.* must be the actor's (the reference lives in the actor service)

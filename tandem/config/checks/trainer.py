@@ -37,7 +37,8 @@ def check_trainer(cfg: TandemConfig) -> None:
           "trainer.resume_from_path", "must be set when trainer.resume_mode=resume_path")
     check(t.on_controller_restart in RESTART_POLICIES, "trainer.on_controller_restart",
           f"{t.on_controller_restart!r}; known: {', '.join(RESTART_POLICIES)}")
-    check(t.save_freq >= 0, "trainer.save_freq", "must be >= 0")
+    check(t.max_ckpt_to_keep is None or t.max_ckpt_to_keep >= 1, "trainer.max_ckpt_to_keep",
+          "must be >= 1 (null: keep every checkpoint; trainer.save_freq=-1: none at all)")
     check(t.max_restarts >= 0, "trainer.max_restarts", "must be >= 0")
     check(t.total_epochs is None or t.total_epochs >= 1, "trainer.total_epochs", "must be >= 1")
     check(t.total_training_steps is not None or t.total_epochs is not None, "trainer.total_training_steps",
