@@ -108,8 +108,8 @@ def overrides(a, ckpt: str, train: str, val: str, out: str, name: str) -> list[s
             f"data.train_batch_size={a.prompts}", f"actor_rollout_ref.rollout.n={a.n}",
             f"data.max_prompt_length={a.prompt_max + 8}", f"data.max_response_length={a.new_tokens}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={a.mini_batch or a.prompts}",
-            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
-            f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}",
+            *([f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
+               f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={micro}"] if micro else []),
             *(["actor_rollout_ref.actor.use_dynamic_bsz=true",
                f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={a.max_tokens}"] if a.max_tokens else []),
             "actor_rollout_ref.actor.use_kl_loss=true", "algorithm.use_kl_in_reward=false",
@@ -272,7 +272,8 @@ def main(argv=None) -> int:
     p.add_argument("--prompt-min", type=int, default=128)
     p.add_argument("--prompt-max", type=int, default=256)
     p.add_argument("--mini-batch", type=int, default=16, help="ppo_mini_batch_size in prompts (0: all)")
-    p.add_argument("--micro-batch", type=int, default=16, help="rows per micro-batch (update and log-probs)")
+    p.add_argument("--micro-batch", type=int, default=0,
+                   help="rows per micro-batch (update and log-probs); 0: Tandem's default micro-batching")
     p.add_argument("--max-tokens", type=int, default=0,
                    help="micro-batches by a token budget instead (actor.use_dynamic_bsz, ppo_max_token_len_per_gpu)")
     p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
@@ -295,7 +296,8 @@ def main(argv=None) -> int:
     where = (torch.cuda.get_device_name() if dev == "cuda" else platform.processor() or platform.machine())
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     micro_text = (f"micro-batches of up to {a.max_tokens} tokens" if a.max_tokens else
-                  f"micro-batch {8 if a.tiny else a.micro_batch} rows")
+                  f"micro-batch {8 if a.tiny else a.micro_batch} rows" if a.tiny or a.micro_batch else
+                  "Tandem's default micro-batches")
     header = [f"## e2e GRPO step, {a.shape}, {stamp}", "",
               f"- command: `python bench/e2e_step.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
               f"- machine: {where}, {os.cpu_count()} CPUs, torch {torch.__version__}; "

@@ -22,6 +22,7 @@ from tandem.config.checks import problems_of
 from tandem.config.errors import ConfigError, raise_all
 from tandem.config.overrides import parse_overrides
 from tandem.config.paths import path_problems
+from tandem.config.resolve import resolve
 from tandem.config.schema import TandemConfig
 from tandem.config.verl_base import VERL_CONFIG_NAMES, base_settings
 from tandem.config.verl_compat import TandemKeys, Translation, flatten, overlaps, schema, translate
@@ -174,6 +175,7 @@ def load_config_with_notices(path: str | None = None, overrides: list[str] | Non
     merged = _merge(base, tandem, problems)
     _expand_home(merged)
     cfg: TandemConfig = OmegaConf.to_object(merged)
+    resolve(cfg)
     problems += problems_of(cfg)
     if files:
         problems += path_problems(cfg)

@@ -100,12 +100,13 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=5e-4, lr_warmup_steps=10))
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     ppo_mini_batch_size: int = 128  # prompts per optimizer step (x rollout.n rows)
-    ppo_micro_batch_size_per_gpu: int = 256  # rows per forward/backward
+    ppo_micro_batch_size_per_gpu: Optional[int] = None  # rows per forward/backward (set: rows, not a budget)
     # verl's: micro-batches by a token budget instead of rows: the fewest runs of consecutive rows of at
     # most ppo_max_token_len_per_gpu real tokens each, balanced (tandem/train/microbatch.py); the update,
-    # SFT and the old log-prob pass. Same results as any other split; the budget must hold the longest row
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int = 16384  # the token budget of a micro-batch (use_dynamic_bsz)
+    # SFT and the old log-prob pass. Same results as any other split; the budget must hold the longest row.
+    # null: a budget unless ppo_micro_batch_size_per_gpu is set or experts are parallel (tandem/config/resolve.py)
+    use_dynamic_bsz: Optional[bool] = None
+    ppo_max_token_len_per_gpu: int = 32768  # the token budget of a micro-batch (use_dynamic_bsz)
     ppo_epochs: int = 1  # passes over each batch
     shuffle: bool = False  # shuffle rows between mini-batches (seeded by trainer.seed)
     clip_ratio: float = 0.2  # PPO clip

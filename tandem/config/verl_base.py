@@ -43,7 +43,11 @@ DATA = "none: the built-in task's data, written at start"
 # every default of Tandem's that differs from verl's (tests/unit/test_verl_base.py keeps this complete)
 DIFFERENCES = {
     f"{A}.optim.lr": BUILTIN, f"{A}.optim.weight_decay": BUILTIN, f"{A}.optim.lr_warmup_steps": BUILTIN,
-    f"{A}.ppo_mini_batch_size": BUILTIN, f"{A}.ppo_micro_batch_size_per_gpu": VERL_UNSET,
+    f"{A}.ppo_mini_batch_size": BUILTIN,
+    f"{A}.use_dynamic_bsz": "null: micro-batches by a token budget unless ppo_micro_batch_size_per_gpu is set (rows "
+                           "vary several-fold in RL; 256 rows ran out of memory at 1.5B where the budget ran fastest)",
+    f"{A}.ppo_max_token_len_per_gpu": "the budget measured fastest at 0.5B and 1.5B on an H200 "
+                                      "(bench/results/e2e_step.md); raised to the longest row when chosen by default",
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": VERL_UNSET,
     f"{A}.megatron.dtype": AUTO_DTYPE, "critic.megatron.dtype": AUTO_DTYPE, "reward_model.megatron.dtype": AUTO_DTYPE,
     f"{A}.megatron.seed": BUILTIN, "critic.megatron.seed": BUILTIN, "reward_model.megatron.seed": "as the actor's",

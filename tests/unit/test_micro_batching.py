@@ -2,6 +2,7 @@
 consecutive rows within the budget, balanced; the config keys that choose it and their checks; and an
 actor update on token-budget micro-batches equal to one on row micro-batches."""
 import itertools
+import types
 
 import pytest
 import torch
@@ -72,9 +73,19 @@ def config(*extra):
 
 
 def test_the_keys_choose_the_split_and_the_reference_follows_the_actor():
-    cfg = config()
+    cfg = config()  # nothing set: the actor's and the reference's budget, the longest row at least
     arr = cfg.actor_rollout_ref
-    assert actor_split(arr.actor) == 256 and ref_split(arr.ref, arr.actor) == 64 and critic_split(cfg.critic) == 64
+    assert actor_split(arr.actor) == MicroBatching(32768) == ref_split(arr.ref, arr.actor) and critic_split(cfg.critic) == 64
+    cfg = config("data.max_response_length=40000", "actor_rollout_ref.model.max_position_embeddings=40016")
+    assert actor_split(cfg.actor_rollout_ref.actor) == MicroBatching(40016)
+    cfg = config("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8")  # a row count set: rows, as in verl
+    assert actor_split(cfg.actor_rollout_ref.actor) == 8 and ref_split(cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.actor) == 64
+    from tandem.config.resolve import resolve
+
+    a = config().actor_rollout_ref.actor  # experts in parallel (an MoE model's config): rows
+    a.use_dynamic_bsz, a.ppo_micro_batch_size_per_gpu, a.megatron.expert_model_parallel_size = None, None, 2
+    resolve(types.SimpleNamespace(actor_rollout_ref=types.SimpleNamespace(actor=a), data=config().data))
+    assert actor_split(a) == 256
     cfg = config("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=500",
                  "critic.use_dynamic_bsz=true", "critic.forward_max_token_len_per_gpu=900")
     arr = cfg.actor_rollout_ref
@@ -82,7 +93,8 @@ def test_the_keys_choose_the_split_and_the_reference_follows_the_actor():
     assert critic_split(cfg.critic) == MicroBatching(32768) and critic_split(cfg.critic, forward=True) == MicroBatching(900)
     cfg = config("actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false")
     assert ref_split(cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.actor) == 64
-    cfg = config("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=77")
+    cfg = config("actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true", "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=77",
+                 "actor_rollout_ref.actor.use_dynamic_bsz=false")
     assert ref_split(cfg.actor_rollout_ref.ref, cfg.actor_rollout_ref.actor) == MicroBatching(77)
     assert actor_split(cfg.actor_rollout_ref.actor) == 256
 
@@ -122,7 +134,7 @@ def test_verl_rollout_keys_are_accepted_as_the_actors():
 
     cfg, translation = load_config_with_notices(None, ["actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
                                                    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096"])
-    assert cfg.actor_rollout_ref.actor.use_dynamic_bsz is False
+    assert cfg.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768  # the actor's own, not the rollout's 4096
     assert any("log_prob_use_dynamic_bsz" in n and "actor.use_dynamic_bsz" in n for n in translation.notices)
 
 
