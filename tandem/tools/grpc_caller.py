@@ -10,8 +10,8 @@ Never raises for a failed call (only cancellation passes): an unknown tool, argu
 a JSON object, a deadline passed, a status other than OK, a tool's own error (is_error) and an
 empty answer each become ToolResult(ok=False, text="error: ...") that the model is shown and that
 names the tool. UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff inside the
-call's deadline (a tool call is assumed safe to repeat when the server did not take it: that is
-what those codes say). One channel per server, opened on first use in the running event loop (a
+call's deadline, a retry waiting for an unreachable server to come back (a tool call is assumed safe
+to repeat when the server did not take it: that is what those codes say). One channel per server, opened on first use in the running event loop (a
 call from a new loop opens new ones: grpc.aio channels belong to one loop). A slow call holds only
 its own row: `call_as_completed` yields the others first; `call` returns when the last is done.
 
@@ -100,33 +100,43 @@ class GrpcToolCaller:
         if isinstance(arguments, ToolResult):
             return arguments
         timeout_s = route.timeout_s or self.timeout_s
-        deadline = time.monotonic() + timeout_s
         call_id = uuid.uuid4().hex[:16]
         request = tools_pb2.CallToolRequest(name=call.name, arguments_json=arguments, call_id=call_id)
         stub, slots = self._stub(route)
-        async with slots:
-            for attempt in range(self.max_retries + 1):
-                left = deadline - time.monotonic()
-                if left <= 0:
+        async with slots:  # the deadline starts when the call is sent, not while it queues
+            reply, failure = await self._send(stub, request, timeout_s)
+        if failure is not None:
+            _log.info("tool.call_failed", tool=call.name, call_id=call_id, failure=failure)
+            return error(f"tool {call.name!r} {failure}")
+        if reply.is_error:
+            return ToolResult(reply.text or f"error: tool {call.name!r} failed and said nothing", False)
+        if not reply.text:
+            return error(f"tool {call.name!r} answered an empty observation")
+        return ToolResult(reply.text, True)
+
+    async def _send(self, stub, request, timeout_s: float) -> tuple[tools_pb2.CallToolResponse | None, str | None]:
+        """(the reply, None), or (None, what went wrong) after the retries and within the deadline."""
+        deadline, last = time.monotonic() + timeout_s, None
+        for attempt in range(self.max_retries + 1):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                # a retry waits for the channel within the deadline: without wait_for_ready grpc fails it at
+                # once until its own reconnect backoff has passed, so a restarting server would get no chance
+                return await stub.CallTool(request, timeout=left, metadata=(("x-request-id", request.call_id),),
+                                           wait_for_ready=attempt > 0), None
+            except grpc.aio.AioRpcError as e:
+                code = e.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                     break
-                try:
-                    reply = await stub.CallTool(request, timeout=left, metadata=(("x-request-id", call_id),))
-                except grpc.aio.AioRpcError as e:
-                    code, details = e.code(), (e.details() or "")[:_DETAILS_CHARS]
-                    if code in RETRIED and attempt < self.max_retries:
-                        await asyncio.sleep(min(self.retry_backoff_s * 2 ** attempt, max(deadline - time.monotonic(), 0)))
-                        continue
-                    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                        break
-                    _log.info("tool.call_error", tool=call.name, call_id=call_id, code=code.name, attempts=attempt + 1)
-                    return error(f"tool {call.name!r} failed: {code.name}: {details}")
-                if reply.is_error:
-                    return ToolResult(reply.text or f"error: tool {call.name!r} failed and said nothing", False)
-                if not reply.text:
-                    return error(f"tool {call.name!r} answered an empty observation")
-                return ToolResult(reply.text, True)
-        _log.info("tool.call_timeout", tool=call.name, call_id=call_id, timeout_s=timeout_s)
-        return error(f"tool {call.name!r} timed out after {timeout_s:g} s")
+                last = f"failed: {code.name}: {(e.details() or '')[:_DETAILS_CHARS]}"
+                if code not in RETRIED or attempt == self.max_retries:
+                    return None, last
+                await asyncio.sleep(min(self.retry_backoff_s * 2 ** attempt, max(deadline - time.monotonic(), 0)))
+        if last is not None:
+            return None, f"{last} (retried for {timeout_s:g} s)"
+        return None, f"timed out after {timeout_s:g} s"
 
     def _stub(self, route: ToolRoute) -> tuple[tools_pb2_grpc.ToolServiceStub, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()

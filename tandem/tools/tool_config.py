@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from tandem.rpc.auth import read_token
-from tandem.rpc.security import EndpointSecurity
+from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.rpc.tls import TLSFiles
 from tandem.tools.schemas import function_problems
 
@@ -47,7 +47,7 @@ class ToolRoute:
     """Where one tool is answered."""
 
     endpoint: str  # HOST:PORT of its ToolService
-    security: EndpointSecurity = EndpointSecurity()
+    security: EndpointSecurity = PLAINTEXT
     timeout_s: float | None = None  # None: the caller's default
 
 

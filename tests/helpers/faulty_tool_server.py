@@ -4,8 +4,8 @@
 
 Tools (ToolService only, no environment):
   echo {"text"}   answers the text
-  wait {}         blocks until `release` is called (or the call is cancelled), then answers "waited"
-  release {}      lets every waiting `wait` answer
+  wait {"key"}    blocks until `release` of the same key (or until cancelled), then answers "waited"
+  release {"key"} waits until `wait` of that key has arrived, lets it answer, and answers "released"
   fail {}         INTERNAL "tool exploded"
   oops {}         is_error: "oops: division by zero"
   flaky {"key"}   UNAVAILABLE for the first 2 calls of each key, then "ok after 3 attempts"
@@ -37,13 +37,14 @@ def schema(name: str, properties: dict | None = None, kind: str = "object") -> s
 
 
 TEXT, KEY = {"text": {"type": "string"}}, {"key": {"type": "string"}}
-FAULT_TOOLS = {"echo": TEXT, "wait": {}, "release": {}, "fail": {}, "oops": {}, "flaky": KEY, "empty": {}}
+FAULT_TOOLS = {"echo": TEXT, "wait": KEY, "release": KEY, "fail": {}, "oops": {}, "flaky": KEY, "empty": {}}
 
 
 class Faulty(tools_pb2_grpc.ToolServiceServicer):
     def __init__(self, broken: set[str], token: str | None):
         self.broken, self.token = broken, token
-        self.released = asyncio.Event()
+        self.arrived: collections.defaultdict = collections.defaultdict(asyncio.Event)  # key -> `wait` is in
+        self.go: collections.defaultdict = collections.defaultdict(asyncio.Event)  # key -> `release` is in
         self.attempts: collections.Counter = collections.Counter()
 
     def listed(self) -> list[str]:
@@ -88,10 +89,12 @@ class Faulty(tools_pb2_grpc.ToolServiceServicer):
         elif name == "blank":
             text = "" if "call_tools" in self.broken else "blank"
         elif name == "wait":
-            await self.released.wait()
+            self.arrived[args.get("key")].set()
+            await self.go[args.get("key")].wait()
             text = "waited"
-        elif name == "release":
-            self.released.set()
+        elif name == "release":  # in whichever order the two calls reach the server
+            await self.arrived[args.get("key")].wait()
+            self.go[args.get("key")].set()
             text = "released"
         elif name == "fail":
             await context.abort(grpc.StatusCode.INTERNAL, "tool exploded")

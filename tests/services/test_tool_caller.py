@@ -61,9 +61,9 @@ def test_retries_timeouts_and_a_dead_server(faulty):
     async def run():
         c = caller(faulty, timeout_s=0.5, retry_backoff_s=0.01)
         few = caller(faulty, max_retries=1, retry_backoff_s=0.01)
-        dead = GrpcToolCaller({"echo": ToolRoute("127.0.0.1:1")}, timeout_s=5, max_retries=2, retry_backoff_s=0.01)
+        dead = GrpcToolCaller({"echo": ToolRoute("127.0.0.1:1")}, timeout_s=1, max_retries=2, retry_backoff_s=0.01)
         try:
-            return (await c.call([ToolCall("flaky", {"key": "a"}), ToolCall("wait", {})]),
+            return (await c.call([ToolCall("flaky", {"key": "a"}), ToolCall("wait", {"key": "never released"})]),
                     await few.call([ToolCall("flaky", {"key": "b"})]), await dead.call([ToolCall("echo", {"text": "x"})]))
         finally:
             for x in (c, few, dead):
@@ -74,25 +74,27 @@ def test_retries_timeouts_and_a_dead_server(faulty):
     assert wait == ToolResult("error: tool 'wait' timed out after 0.5 s", False)
     assert gave_up == ToolResult("error: tool 'flaky' failed: UNAVAILABLE: warming up", False)
     assert not unreachable.ok and unreachable.text.startswith("error: tool 'echo' failed: UNAVAILABLE:")
+    assert unreachable.text.endswith("(retried for 1 s)")  # nobody there: retried until the deadline
 
 
 def test_a_slow_call_does_not_hold_the_others(faulty):
-    """`wait` answers only after `release` is called: if fast calls queued behind the slow one, the
-    fast results could not come first and the release below would never be sent (the call would
+    """`wait` answers only after a `release` of its key: if fast calls queued behind the slow one,
+    the fast results could not come first and the release below would never be sent (the call would
     time out instead of answering "waited")."""
     async def run():
         c = caller(faulty, timeout_s=60)
         try:
             order = []
-            calls = [ToolCall("wait", {}), ToolCall("echo", {"text": "a"}), ToolCall("echo", {"text": "b"})]
+            calls = [ToolCall("wait", {"key": "first"}), ToolCall("echo", {"text": "a"}), ToolCall("echo", {"text": "b"})]
             async for i, result in c.call_as_completed(calls):
                 order.append((i, result.text))
                 if len(order) == 2:  # both fast ones are in while `wait` still blocks: let it go
-                    assert await c.call([ToolCall("release", {})]) == [ToolResult("released", True)]
+                    assert await c.call([ToolCall("release", {"key": "first"})]) == [ToolResult("released", True)]
             # the same through the protocol's call(): one row's batch waits, another's returns
-            slow = asyncio.create_task(c.call([ToolCall("wait", {})]))
+            slow = asyncio.create_task(c.call([ToolCall("wait", {"key": "second"})]))
             fast = await c.call([ToolCall("echo", {"text": "c"})])
             assert not slow.done()
+            await c.call([ToolCall("release", {"key": "second"})])
             return order, fast, await slow
         finally:
             await c.close()
