@@ -12,6 +12,7 @@ from server_process import ROOT, server_process
 
 from tandem.rpc.security import EndpointSecurity
 from tandem.rpc.tls import TLSFiles
+from tandem.tools.blocking import BlockingToolCaller
 from tandem.tools.calls import ToolCall, ToolResult
 from tandem.tools.grpc_caller import GrpcToolCaller
 from tandem.tools.tool_config import ToolRoute
@@ -132,3 +133,19 @@ def test_the_example_calculator_locked_with_tls_and_a_token(tmp_path):
     assert results[3] == ToolResult("error: tool 'add' failed: INVALID_ARGUMENT: add: property 'a' must be a string, "
                                     "got int", False)
     assert refused.text.startswith("error: tool 'add' failed: UNAUTHENTICATED: missing bearer token")
+
+
+def test_blocking_caller_for_the_engine_thread(faulty):
+    """The engine is synchronous: it submits a row's calls and keeps decoding; a slow row's future
+    stays pending while another row's is answered."""
+    tools = BlockingToolCaller(caller(faulty, timeout_s=60))
+    try:
+        slow = tools.submit([ToolCall("wait", {"key": "blocking"})])
+        assert tools.call([ToolCall("echo", {"text": "fast"}), ToolCall("oops", {})]) == \
+            [ToolResult("fast", True), ToolResult("oops: division by zero", False)]
+        assert not slow.done()
+        assert tools.call([ToolCall("release", {"key": "blocking"})]) == [ToolResult("released", True)]
+        assert slow.result(timeout=60) == [ToolResult("waited", True)]
+    finally:
+        tools.close()
+    assert not tools._thread.is_alive()
