@@ -1,6 +1,7 @@
 """`tandem` command line: `tandem run [CONFIG.yaml] [--config-path DIR --config-name NAME] [--dry-run]
-[overrides ...]` (tandem/config/cli_args.py); `tandem conformance HOST:PORT`
-(tandem/reward/conformance.py: does a reward service keep the RewardService contract); the
+[overrides ...]` (tandem/config/cli_args.py); `tandem conformance [--contract tools] HOST:PORT`
+(tandem/reward/conformance.py, tandem/tools/conformance.py: does a reward service keep the
+RewardService contract, a tool server the ToolService one); the
 controller service's commands (`tandem serve | submit | status | logs | cancel | list`,
 controller/service/cli.py).
 
@@ -29,9 +30,12 @@ def _parse(argv):
     r.add_argument("args", nargs=argparse.REMAINDER, metavar="[CONFIG.yaml] [--config-path DIR --config-name NAME] "
                    "[--dry-run] [key=value ...]", help="a YAML config or verl's config name, then overrides in "
                    "Hydra's grammar (verl's key names); --dry-run: check everything and print the resolved config")
-    from tandem.reward.conformance import add_arguments
+    from tandem.tools.conformance import add_arguments
 
-    add_arguments(sub.add_parser("conformance", help="check a reward service against the RewardService contract"))
+    c = sub.add_parser("conformance", help="check a reward service or a tool server against its contract")
+    c.add_argument("--contract", choices=("reward", "tools"), default="reward",
+                   help="reward: RewardService (the default); tools: ToolService, and EnvironmentService if served")
+    add_arguments(c)  # the tools' flags: the reward's and --env-task
     if argv[:1] == ["run"] and not {"-h", "--help"} & set(argv[1:]):
         argv = ["run", "--", *argv[1:]]  # run's options (--config-name, --dry-run) are read by cli_args
     return p.parse_args(argv)
@@ -45,8 +49,10 @@ def main(argv=None) -> int:
         return service_main(argv)
     ns = _parse(argv)
     if ns.command == "conformance":
-        from tandem.reward.conformance import main_from_args
-
+        if ns.contract == "tools":
+            from tandem.tools.conformance import main_from_args
+        else:
+            from tandem.reward.conformance import main_from_args
         return main_from_args(ns)
     from tandem.config import ConfigError, load_config_with_notices, to_yaml
     from tandem.config.cli_args import parse_run_args

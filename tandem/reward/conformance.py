@@ -26,16 +26,24 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tandem.rpc.auth import read_token
-from tandem.rpc.client import make_channel
+from tandem.rpc.conformance import (
+    RuleResult,
+    add_arguments,
+    auth_rule,
+    health_rule,
+    report,
+    run_and_report,
+    tls_rule,
+    unary,
+)
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
-from tandem.rpc.tls import TLSFiles
 from tandem.v1 import data_pb2, reward_pb2
+
+__all__ = ["RuleResult", "add_arguments", "check", "main", "main_from_args", "report"]
+
 
 SCORE = "/tandem.v1.RewardService/Score"
 ROWS = [("the answer is 168.", "168", "tandem/arithmetic", "123+45=", {"split": "test", "index": 0}),
@@ -43,16 +51,6 @@ ROWS = [("the answer is 168.", "168", "tandem/arithmetic", "123+45=", {"split": 
         ("#### 42", "42", "openai/gsm8k", "What is six times seven?", {}),
         ("", "7", "", "3+4=", {"note": "empty response"}),
         ("\\boxed{9}", "9", "lighteval/MATH", "3^2 = ?", {"level": 1})]
-
-
-@dataclass
-class RuleResult:
-    rule: str
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
 
 
 def request(rows=ROWS, optional: bool = True, drop: str | None = None, short: str | None = None) -> bytes:
@@ -76,12 +74,8 @@ class Checker:
 
     async def call(self, payload: bytes, timeout_s: float | None = None, security: EndpointSecurity | None = None):
         """-> (status code, details, ScoreResponse or None)."""
-        async with make_channel(self.endpoint, security=security or self.security) as channel:
-            fn = channel.unary_unary(SCORE, request_serializer=None, response_deserializer=reward_pb2.ScoreResponse.FromString)
-            try:
-                return grpc.StatusCode.OK, "", await fn(payload, timeout=timeout_s if timeout_s is not None else self.timeout_s)
-            except grpc.aio.AioRpcError as e:
-                return e.code(), e.details() or "", None
+        return await unary(self.endpoint, security or self.security, SCORE, payload, reward_pb2.ScoreResponse,
+                           timeout_s if timeout_s is not None else self.timeout_s)
 
     async def scores(self, payload: bytes, problems: list[str], what: str, rows: int) -> list[float] | None:
         code, details, response = await self.call(payload)
@@ -101,17 +95,7 @@ class Checker:
         return [s if i not in failed else math.nan for i, s in enumerate(response.scores)]
 
     async def health(self) -> RuleResult:
-        result = RuleResult("health")
-        async with make_channel(self.endpoint, security=self.security) as channel:
-            try:
-                r = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""),
-                                                                    timeout=self.timeout_s)
-                if r.status != health_pb2.HealthCheckResponse.SERVING:
-                    result.problems.append(f"grpc.health.v1 Check('') answered "
-                                           f"{health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)}, not SERVING")
-            except grpc.aio.AioRpcError as e:
-                result.problems.append(f"grpc.health.v1 Check('') failed with {e.code().name}: {e.details()}")
-        return result
+        return await health_rule(self.endpoint, self.security, self.timeout_s)
 
     async def scores_per_row(self) -> RuleResult:
         result = RuleResult("scores_per_row")
@@ -156,20 +140,11 @@ class Checker:
         return result
 
     async def auth(self) -> RuleResult:
-        result = RuleResult("auth")
-        for what, token in (("no token", None), ("a wrong token", self.security.token + "-wrong")):
-            code, details, _ = await self.call(request(), security=EndpointSecurity(self.security.tls, token))
-            if code != grpc.StatusCode.UNAUTHENTICATED:
-                result.problems.append(f"a call with {what} was answered {code.name}, not UNAUTHENTICATED")
-        await self.scores(request(), result.problems, "a call with the token", len(ROWS))
-        return result
+        return await auth_rule(self.security, lambda security: self.call(request(), security=security),
+                               lambda problems: self.scores(request(), problems, "a call with the token", len(ROWS)))
 
     async def tls(self) -> RuleResult:
-        result = RuleResult("tls")
-        code, _, _ = await self.call(request(), timeout_s=5.0, security=EndpointSecurity(None, self.security.token))
-        if code == grpc.StatusCode.OK:
-            result.problems.append("a plaintext call to the TLS port was answered")
-        return result
+        return await tls_rule(self.security, lambda security: self.call(request(), timeout_s=5.0, security=security))
 
     async def run(self) -> list[RuleResult]:
         rules = [self.health, self.scores_per_row, self.invalid_argument, self.deadline]
@@ -185,41 +160,8 @@ def check(endpoint: str, security: EndpointSecurity = PLAINTEXT, timeout_s: floa
     return asyncio.run(Checker(endpoint, security, timeout_s).run())
 
 
-def report(results: list[RuleResult]) -> str:
-    lines = []
-    for r in results:
-        lines.append(f"{'PASS' if r.passed else 'FAIL'} {r.rule}")
-        lines += [f"     {r.rule}: {p}" for p in r.problems]
-    failed = [r.rule for r in results if not r.passed]
-    lines.append(f"{len(results) - len(failed)} passed, {len(failed)} failed" + (f": {', '.join(failed)}" if failed else ""))
-    return "\n".join(lines)
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("endpoint", metavar="HOST:PORT")
-    p.add_argument("--token-file", help="a file holding the bearer token (checks the auth rule)")
-    p.add_argument("--token-env", help="an environment variable holding the bearer token")
-    p.add_argument("--tls", action="store_true", help="connect with TLS (system roots unless --tls-ca)")
-    p.add_argument("--tls-ca", help="CA certificate to check the service with (implies --tls)")
-    p.add_argument("--tls-client-cert", help="client certificate for mutual TLS")
-    p.add_argument("--tls-client-key", help="client key for mutual TLS")
-    p.add_argument("--tls-server-name", help="name to check the certificate against")
-    p.add_argument("--timeout-s", type=float, default=30.0, help="deadline of each call (default 30)")
-
-
 def main_from_args(a: argparse.Namespace) -> int:
-    try:
-        token = read_token(a.token_file, a.token_env, "conformance")
-    except ValueError as e:
-        print(f"conformance: {e}", file=sys.stderr)
-        return 2
-    tls = None
-    if a.tls or a.tls_ca or a.tls_client_cert:
-        tls = TLSFiles(ca_file=a.tls_ca, client_auth=bool(a.tls_client_cert), client_cert_file=a.tls_client_cert,
-                       client_key_file=a.tls_client_key, server_name=a.tls_server_name, key_prefix="--tls")
-    results = check(a.endpoint, EndpointSecurity(tls, token), a.timeout_s)
-    print(report(results))
-    return 0 if all(r.passed for r in results) else 1
+    return run_and_report(a, lambda endpoint, security: check(endpoint, security, a.timeout_s))
 
 
 def main(argv=None) -> int:

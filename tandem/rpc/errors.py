@@ -40,6 +40,12 @@ class NotFound(TandemError):
     code = grpc.StatusCode.NOT_FOUND
 
 
+class AlreadyExists(TandemError):
+    """A thing to be created under a name exists already (an environment episode's instance id)."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
 class Unavailable(TandemError):
     """The service cannot be reached or is shutting down."""
 
@@ -67,7 +73,7 @@ class Internal(TandemError):
 
 _BY_CODE: dict[grpc.StatusCode, type[TandemError]] = {
     cls.code: cls
-    for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, NotFound,
+    for cls in (InvalidArgument, FailedPrecondition, ResourceExhausted, NotFound, AlreadyExists,
                 Unavailable, DeadlineExceeded, Aborted, Internal)
 }
 

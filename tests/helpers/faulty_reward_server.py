@@ -19,11 +19,10 @@
 import argparse
 import asyncio
 import os
-import signal
 import sys
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from plain_server import serve_until_stopped
 
 from tandem.v1 import reward_pb2, reward_pb2_grpc
 
@@ -71,20 +70,7 @@ async def serve(a) -> None:
     token = open(a.token_file).read().strip() if a.token_file else None
     server = grpc.aio.server()
     reward_pb2_grpc.add_RewardServiceServicer_to_server(Faulty(set(a.broken), a.fault, token), server)
-    if "health" not in a.broken:
-        h = health.aio.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(h, server)
-        await h.set("", health_pb2.HealthCheckResponse.SERVING)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    with open(a.port_file + ".tmp", "w") as f:
-        f.write(f"{port}\n")
-    os.replace(a.port_file + ".tmp", a.port_file)
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop(1)
+    await serve_until_stopped(server, a.port_file, with_health="health" not in a.broken)
 
 
 if __name__ == "__main__":

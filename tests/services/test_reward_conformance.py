@@ -2,16 +2,14 @@
 the Node.js example (built from the proto alone; `npm ci` in services/reward/examples/node, as
 .ci/run does) passes plain and locked (TLS + token), so do the Python example and Tandem's own
 reward service; a deliberately broken Python server fails with a message naming each broken rule."""
-import os
-import shutil
 import subprocess
 import sys
 
-import pytest
 from certs import make_certs
+from conformance_expect import assert_passes, node_for
 from server_process import ROOT, server_process
 
-from tandem.reward.conformance import check, report
+from tandem.reward.conformance import check
 from tandem.rpc.security import EndpointSecurity
 from tandem.rpc.tls import TLSFiles
 
@@ -21,23 +19,13 @@ ALWAYS = ["health", "scores_per_row", "invalid_argument", "deadline"]
 
 
 def _node() -> str:
-    node = shutil.which("node")
-    if node is None or not (NODE_DIR / "node_modules" / "@grpc" / "grpc-js").is_dir():
-        if os.environ.get("CI"):
-            pytest.fail("CI must install the Node.js example (npm ci in services/reward/examples/node)")
-        pytest.skip("node or the Node.js example's node_modules (npm ci) missing")
-    return node
-
-
-def _passes(results, rules):
-    assert [r.rule for r in results] == rules, report(results)
-    assert all(r.passed for r in results), report(results)
+    return node_for(NODE_DIR)
 
 
 def test_node_server_passes(tmp_path):
     with server_process([_node(), "server.js", "--port", "0", "--port-file", str(tmp_path / "port")],
                         tmp_path / "port", cwd=NODE_DIR) as endpoint:
-        _passes(check(endpoint), ALWAYS)
+        assert_passes(check(endpoint), ALWAYS)
 
 
 def test_node_server_locked_passes_with_auth_and_tls(tmp_path):
@@ -46,7 +34,8 @@ def test_node_server_locked_passes_with_auth_and_tls(tmp_path):
     cmd = [_node(), "server.js", "--port", "0", "--port-file", str(tmp_path / "port"),
            "--token-file", str(tmp_path / "token"), "--tls-cert", certs.server_cert, "--tls-key", certs.server_key]
     with server_process(cmd, tmp_path / "port", cwd=NODE_DIR) as endpoint:
-        _passes(check(endpoint, EndpointSecurity(TLSFiles(ca_file=certs.ca), "node-secret")), ALWAYS + ["auth", "tls"])
+        locked = EndpointSecurity(TLSFiles(ca_file=certs.ca), "node-secret")
+        assert_passes(check(endpoint, locked), ALWAYS + ["auth", "tls"])
         # the command line, as a user runs it
         r = subprocess.run([sys.executable, "-m", "tandem.reward.conformance", endpoint, "--tls-ca", certs.ca,
                             "--token-file", str(tmp_path / "token")], cwd=ROOT, capture_output=True, text=True,
@@ -61,8 +50,8 @@ def test_python_example_and_tandem_reward_service_pass(tmp_path):
     tandem = [sys.executable, "-m", "tandem.services.reward", "--port-file", str(tmp_path / "tandem.port"),
               "reward_model.default_rule=arithmetic"]  # takes a run at start (with no config it would wait for one)
     with server_process(example, tmp_path / "example.port") as a, server_process(tandem, tmp_path / "tandem.port") as b:
-        _passes(check(a, EndpointSecurity(token="py-secret")), ALWAYS + ["auth"])
-        _passes(check(b), ALWAYS)
+        assert_passes(check(a, EndpointSecurity(token="py-secret")), ALWAYS + ["auth"])
+        assert_passes(check(b), ALWAYS)
 
 
 def test_broken_server_fails_naming_each_broken_rule(tmp_path):
@@ -91,4 +80,4 @@ def test_a_server_without_the_failures_field_still_conforms(tmp_path):
     cmd = [sys.executable, str(HELPERS / "faulty_reward_server.py"), "--port-file", str(tmp_path / "port"),
            "--fault", "rows"]
     with server_process(cmd, tmp_path / "port") as endpoint:
-        _passes(check(endpoint), ALWAYS)
+        assert_passes(check(endpoint), ALWAYS)

@@ -20,7 +20,8 @@ V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", 
               "tandem/serving/lifecycle_servicer.py", "controller/service/servicer.py", "controller/service/client.py",
               "tandem/weights/wire.py", "tandem/weights/client.py", "tandem/weights/source_servicer.py",
               "tandem/weights/streams.py", "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
-              "tandem/reward/conformance.py"]
+              "tandem/reward/conformance.py", "tandem/tools/conformance.py", "tandem/tools/grpc_caller.py",
+              "services/tools/examples/*"]
 
 
 def source_files(top: str) -> list[pathlib.Path]:

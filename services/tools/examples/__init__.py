@@ -1,0 +1,1 @@
+"""Example ToolService / EnvironmentService servers: `python -m tandem.services.tools.examples.server`."""
