@@ -1,1 +1,1 @@
-""""""
+"""Tools and environments the rollout calls during multi-turn generation."""
