@@ -44,7 +44,7 @@ class ActorWorker:
         dtype = device.parse_dtype(mcfg.dtype)
         sp, over = mcfg.sequence_parallel, passed_overrides(mcfg)
         self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
-                                      overrides=over)
+                                      overrides=over, weights_follow=bool(cfg.actor_rollout_ref.model.path))
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
             from tandem.convert.hf_load import load_hf_weights
 
@@ -53,7 +53,7 @@ class ActorWorker:
         self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
         # megatron modules hold process groups: no deepcopy
         self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
-                                   overrides=over)
+                                   overrides=over, weights_follow=True)  # the policy's copy (_copy_to_reference)
         if self.actor_cfg.use_torch_compile and device.has_cuda():
             compile_layers(self.policy)
             compile_layers(self.ref)

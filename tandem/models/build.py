@@ -82,13 +82,21 @@ def _own_rank_groups():
     return groups
 
 
+def _no_init(weight: torch.Tensor) -> None:
+    """megatron's init_method for weights that are overwritten before use."""
+
+
 def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int = 1, ep: int = 1,
                     params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
-                    replica: bool = False, overrides: dict | None = None):
+                    replica: bool = False, overrides: dict | None = None, weights_follow: bool = False):
     """A megatron-core GPTModel on this rank's device. head: "lm" or "scalar". replica: the
     whole model (TP = PP = EP = 1) on this rank alone, whatever the service's layout (the
     colocated rollout's TP=1 copy, tandem/rollout/replica.py). overrides: TransformerConfig fields
-    from the role's megatron.override_transformer_config (activation recomputation, ...)."""
+    from the role's megatron.override_transformer_config (activation recomputation, ...).
+    weights_follow: every weight is written before use (a checkpoint, the policy's copy), so none is
+    drawn at random and, on a GPU, none is made on the host first: at 7B the random draws on the
+    host and the copy over were most of a service's start. megatron still sets each weight's
+    tensor-parallel attributes (its init path runs, with an init that writes nothing)."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
@@ -101,6 +109,9 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
     if not replica and parallel_state.get_expert_model_parallel_world_size() != ep:
         raise ValueError(f"ep={ep} but megatron's expert-parallel group has "
                          f"{parallel_state.get_expert_model_parallel_world_size()} ranks (ParallelConfig.ep)")
+    if weights_follow:
+        overrides = {"init_method": _no_init, "output_layer_init_method": _no_init, "embedding_init_method": _no_init,
+                     "use_cpu_initialization": not device.has_cuda(), **(overrides or {})}
     config = transformer_config(shape, tp=tp, pp=pp, ep=ep, params_dtype=params_dtype,
                                 sequence_parallel=sequence_parallel and tp > 1,
                                 fused=FUSE_ON_GPU and device.has_cuda(), overrides=overrides)
