@@ -29,7 +29,8 @@ class ReplicaRollout:
 
         self.actor = actor
         dtype = next(actor.policy.parameters()).dtype
-        self.model = build_gpt_model(actor.shape, params_dtype=dtype, replica=True).eval()
+        # every generation first syncs the policy's weights in (strict: all of them)
+        self.model = build_gpt_model(actor.shape, params_dtype=dtype, replica=True, weights_follow=True).eval()
         self.model.requires_grad_(False)
         self.worker = RolloutWorker(self.model, pad_id=pad_id, eos_id=eos_id, vocab_size=actor.vocab_size,
                                     max_batch_size=max_batch_size, free_cache_engine=free_cache_engine)
