@@ -1,0 +1,64 @@
+"""The built-in task's calculator: an in-process ToolCaller and the call format of the character
+tokenizer (tandem/tasks/arithmetic.py).
+
+The model writes `[123456+654321]` (`]` ends the call and pauses the row); the rollout appends
+`{0777777}`, the exact sum at the operands' width plus one, or `{!}` when the call failed (the
+character vocabulary cannot spell an error message). The answer then follows: `0777777<eos>`.
+"""
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from tandem.tools.calls import ToolCall, ToolResult
+
+CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE, FAILED = "[", "]", "{", "}", "!"
+TOOL_CHARS = [CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE, FAILED]
+TOOL_NAME = "calculator"
+_EXPR = re.compile(r"^(\d+)\+(\d+)$")
+
+
+def add(expression: str) -> ToolResult:
+    """`a+b` (digits) -> the sum, zero-padded to the longer operand's width plus one."""
+    m = _EXPR.match(expression.strip())
+    if m is None:
+        return ToolResult(f"not a sum of two whole numbers: {expression!r}", ok=False)
+    a, b = m.groups()
+    return ToolResult(f"{int(a) + int(b):0{max(len(a), len(b)) + 1}d}", ok=True)
+
+
+class CalculatorCaller:
+    """A ToolCaller answering `calculator` calls in process (tests, and the built-in task until a
+    tool service is configured)."""
+
+    async def call(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        return [add(str(c.arguments.get("expression", ""))) if c.name == TOOL_NAME
+                else ToolResult(f"unknown tool {c.name!r}", ok=False) for c in calls]
+
+
+class CalculatorFormat:
+    """ToolFormat for the character tokenizer: `[a+b]` -> calculator(expression="a+b")."""
+
+    def __init__(self, tokenizer):
+        vocab = tokenizer.get_vocab()
+        missing = [c for c in TOOL_CHARS + list("0123456789") if c not in vocab]
+        if missing:
+            raise ValueError(f"the tokenizer has no tokens for the calculator's characters {missing}: "
+                             "build it with tandem.tasks.arithmetic.build_tokenizer(..., chars=CHARS + TOOL_CHARS)")
+        self.ids = {c: vocab[c] for c in TOOL_CHARS + list("0123456789")}
+        self.chars = {i: c for c, i in vocab.items() if len(c) == 1}
+        self.end_id = self.ids[CALL_CLOSE]
+
+    def parse(self, turn: list[int]) -> list[ToolCall]:
+        text = "".join(self.chars.get(t, "\0") for t in turn)
+        start = text.rfind(CALL_OPEN)
+        if start < 0 or not text.endswith(CALL_CLOSE):
+            return []
+        return [ToolCall(TOOL_NAME, {"expression": text[start + 1:-1]})]
+
+    def observation(self, results: Sequence[ToolResult]) -> list[int]:
+        out = [self.ids[RESULT_OPEN]]
+        for r in results:
+            ok = r.ok and r.text.isdigit()
+            out += [self.ids[c] for c in r.text] if ok else [self.ids[FAILED]]
+        return out + [self.ids[RESULT_CLOSE]]
