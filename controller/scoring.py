@@ -24,8 +24,10 @@ from tandem.data.batch import DataProto
 
 
 def decode_responses(gen: DataProto, tokenizer) -> list[str]:
-    """Each row's response tokens (masked ones left out) as text, special tokens skipped."""
-    rows = [r[m.bool()].tolist() for r, m in zip(gen["responses"], gen["response_mask"])]
+    """Each row's response tokens (padding left out; a multi-turn row's tool observations kept,
+    they are in attention_mask but not in response_mask) as text, special tokens skipped."""
+    real = gen["attention_mask"][:, -gen["responses"].shape[1]:]
+    rows = [r[m.bool()].tolist() for r, m in zip(gen["responses"], real)]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
@@ -74,9 +76,11 @@ def shaped_scores(scores: torch.Tensor, response_mask: torch.Tensor, cfg: Tandem
 
 
 def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Outcome reward on each row's last response token: [B] -> [B, R]."""
+    """Outcome reward on each row's last response token: [B] -> [B, R]. The last token the model
+    wrote: a multi-turn mask has holes where tool observations are."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    positions = torch.arange(response_mask.shape[-1]).expand(response_mask.shape)
+    last = torch.where(response_mask.bool(), positions, -1).max(-1).values.clamp(min=0)
     out[torch.arange(len(scores)), last] = scores
     return out
 
