@@ -11,7 +11,7 @@ its cache slot (runner.continue_row: the prefix is not recomputed) and hands the
 scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled).
 
 Not here: the tool services (tandem/tools/), the wire format of a task's calls (ToolFormat
-implementations: tandem/tasks/calculator_tool.py, tandem/generation/hermes_format.py).
+implementations: tandem/tasks/calculator_tool.py, tandem/rollout/hermes_format.py).
 """
 from __future__ import annotations
 
@@ -43,14 +43,14 @@ class MultiTurn:
     """Multi-turn settings of one generate() call (verl's rollout.multi_turn.* keys)."""
     caller: ToolCaller
     format: ToolFormat
-    max_assistant_turns: int = 5  # model turns per row; the last cannot call a tool
+    max_assistant_turns: int | None = None  # model turns per row, the last cannot call a tool (None: no limit)
     timeout_s: float = 30.0  # per attempt of a row's calls
     retries: int = 1  # attempts after a timeout or an exception (an ok=False answer is final)
     max_tool_response_length: int = 256  # characters of each answer's text kept (verl's key)
     truncate_side: str = "middle"  # left | right | middle: which part of a long answer is kept
 
     def __post_init__(self):
-        if self.max_assistant_turns < 1:
+        if self.max_assistant_turns is not None and self.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
         if self.truncate_side not in ("left", "right", "middle"):
             raise ValueError(f"tool_response_truncate_side must be left, right or middle, got {self.truncate_side!r}")
@@ -119,7 +119,8 @@ class ToolTurns:
 
     def _maybe_call(self, slot: int, row: int, index: int, token: int | None, runner) -> bool:
         """Issue the row's calls if it stopped on a tool call with a turn and budget left."""
-        if token != self.mt.format.end_id or index >= self.r - 1 or self.turns[row] >= self.mt.max_assistant_turns:
+        limit = self.mt.max_assistant_turns or self.r  # a turn takes a token at least
+        if token != self.mt.format.end_id or index >= self.r - 1 or self.turns[row] >= limit:
             return False
         calls = self.mt.format.parse(runner.out_tok[row, self.turn_start[row]:index + 1].tolist())
         self.calls[row] += max(1, len(calls))

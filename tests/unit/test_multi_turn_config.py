@@ -1,0 +1,80 @@
+"""verl's multi-turn keys: honoured or mapped, the SGLang-only ones refused by name; the rollout's
+MultiTurn built from them; the Hermes (<tool_call> JSON) and the built-in calculator formats."""
+import asyncio
+import json
+
+import pytest
+
+from tandem.config import ConfigError, load_config
+from tandem.rollout.hermes_format import HermesFormat
+from tandem.rollout.tools import multi_turn_from_config
+from tandem.tasks.arithmetic import CHARS, build_tokenizer
+from tandem.tasks.calculator_tool import TOOL_CHARS, CalculatorCaller, CalculatorFormat
+from tandem.tools.calls import ToolCall, ToolResult
+
+MT = "actor_rollout_ref.rollout.multi_turn"
+
+
+@pytest.fixture(scope="module")
+def tool_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(build_tokenizer(str(tmp_path_factory.mktemp("tok") / "t"), CHARS + TOOL_CHARS))
+
+
+def test_verl_keys_are_taken_and_sglang_ones_refused_by_name():
+    cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.max_assistant_turns=3", "data.tool_config_path=null",
+                                 f"{MT}.tokenization_sanity_check_mode=strict"])
+    assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
+    for key in ("interaction_config_path=x.yaml", "max_user_turns=2", "use_inference_chat_template=true",
+                "num_repeat_rollouts=2"):
+        with pytest.raises(ConfigError, match=f"{MT}.{key.split('=')[0]}.*SGLang"):
+            load_config(overrides=[f"{MT}.{key}"])
+    with pytest.raises(ConfigError, match=f"{MT}.format"):
+        load_config(overrides=[f"{MT}.format=xml"])
+
+
+def test_the_rollout_builds_the_calculator_turns(tool_tokenizer):
+    cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.max_assistant_turns=2"]).actor_rollout_ref.rollout
+    mt = multi_turn_from_config(cfg, tool_tokenizer)
+    assert isinstance(mt.format, CalculatorFormat) and isinstance(mt.caller, CalculatorCaller)
+    assert mt.max_assistant_turns == 2
+    off = load_config().actor_rollout_ref.rollout
+    assert multi_turn_from_config(off, tool_tokenizer) is None
+    with pytest.raises(ConfigError, match=f"{MT}.tool_config_path"):  # tool services: issue 50 part A
+        multi_turn_from_config(load_config(overrides=[f"{MT}.enable=true", f"{MT}.tool_config_path=t.yaml"])
+                               .actor_rollout_ref.rollout, tool_tokenizer)
+
+
+def test_calculator_format_and_caller(tool_tokenizer):
+    fmt = CalculatorFormat(tool_tokenizer)
+    turn = tool_tokenizer("1[123456+987654]", add_special_tokens=False)["input_ids"]
+    assert turn[-1] == fmt.end_id
+    calls = fmt.parse(turn)
+    assert calls == [ToolCall("calculator", {"expression": "123456+987654"})]
+    results = asyncio.run(CalculatorCaller().call(calls + [ToolCall("calculator", {"expression": "1+x"})]))
+    assert results[0] == ToolResult("1111110", True) and not results[1].ok
+    assert tool_tokenizer.decode(fmt.observation(results[:1])) == "{1111110}"
+    assert tool_tokenizer.decode(fmt.observation(results[1:])) == "{!}"
+    assert fmt.parse(tool_tokenizer("12]", add_special_tokens=False)["input_ids"]) == []
+
+
+def test_hermes_needs_the_tool_call_tokens(tool_tokenizer):
+    with pytest.raises(ValueError, match="<tool_call>"):
+        HermesFormat(tool_tokenizer)
+
+
+def test_hermes_format_with_a_chat_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_tokenizer(str(tmp_path / "t"), list(
+        "abcdefghijklmnopqrstuvwxyz0123456789{}[]\":,_ +\n<>/|")))
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>", "<|im_end|>",
+                                                          "<|im_start|>"]})
+    fmt = HermesFormat(tok, max_parallel_calls=2)
+    body = json.dumps({"name": "calculator", "arguments": {"expression": "1+2"}})
+    turn = tok(f"ok <tool_call>\n{body}\n</tool_call><tool_call>\nnot json\n</tool_call>",
+               add_special_tokens=False)["input_ids"]
+    assert fmt.parse(turn[:turn.index(fmt.end_id) + 1]) == [ToolCall("calculator", {"expression": "1+2"})]
+    text = tok.decode(fmt.observation([ToolResult("3", True)]))
+    assert text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
