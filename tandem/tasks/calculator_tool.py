@@ -1,5 +1,5 @@
-"""The built-in task's calculator: an in-process ToolCaller and the call format of the character
-tokenizer (tandem/tasks/arithmetic.py).
+"""The built-in tool task: 5-digit sums, with a calculator the model may call. An in-process
+ToolCaller, the call format of the character tokenizer (tandem/tasks/arithmetic.py) and the data.
 
 The model writes `[123456+654321]` (`]` ends the call and pauses the row); the rollout appends
 `{0777777}`, the exact sum at the operands' width plus one, or `{!}` when the call failed (the
@@ -62,3 +62,32 @@ class CalculatorFormat:
             ok = r.ok and r.text.isdigit()
             out += [self.ids[c] for c in r.text] if ok else [self.ids[FAILED]]
         return out + [self.ids[RESULT_CLOSE]]
+
+
+# ---- the built-in tool task (data.builtin_task=add_tool) -------------------------------------------
+
+DATA_SOURCE = "tandem/arithmetic_tool"  # reward: the answer after the last observation (rules/arithmetic.py)
+DIGITS = 5  # operands: too long for the small model to add in one pass, easy to copy into a call
+DEMO_FRACTION = 0.25  # warm-start rows that show a calculator call; the rest answer directly
+
+
+def transcript(prompt: str, answer: str) -> str:
+    """What a row that uses the calculator writes: `[a+b]{sum}sum` (the rollout writes `{sum}`)."""
+    expression = prompt.rstrip("=")
+    return f"{CALL_OPEN}{expression}{CALL_CLOSE}{RESULT_OPEN}{add(expression).text}{RESULT_CLOSE}{answer}"
+
+
+def tool_task_rows(problems: list[tuple[str, str]], split: str, seed: int = 0) -> list[dict]:
+    """verl's schema; DEMO_FRACTION of the training rows carry the calculator transcript as
+    extra_info.answer, the warm start's target (controller/sft.py)."""
+    import random
+
+    from tandem.tasks.arithmetic import to_rows
+
+    rng = random.Random(seed)
+    rows = to_rows(problems, split)
+    for row, (prompt, answer) in zip(rows, problems):
+        row["data_source"] = DATA_SOURCE
+        if split == "train" and rng.random() < DEMO_FRACTION:
+            row["extra_info"]["answer"] = transcript(prompt, answer)
+    return rows
