@@ -27,10 +27,6 @@ Get = Callable[[str], Any]  # the effective value of a key: the user's, else Tan
 Apply = Callable[[Any, Get], dict]  # -> {tandem key: value}; raises ValueError(why) to refuse the value
 
 
-SGLANG_INTERACTION = ("needs verl's SGLang rollout (interactions: a simulated user's turns); Tandem's turns are "
-                      "tool calls (actor_rollout_ref.rollout.multi_turn.tool_config_path)")
-
-
 @dataclass(frozen=True)
 class Rule:
     pattern: str
@@ -183,9 +179,7 @@ RULES: tuple[Rule, ...] = (
     mapped("data.dataloader_num_workers", "prompts are tokenized once in the controller at start"),
     mapped("data.filter_overlong_prompts_workers", "prompts are tokenized once in the controller at start"),
     refused("data.validation_shuffle", "validation takes the rows in file order"),
-    mapped("data.tool_config_path", "actor_rollout_ref.rollout.multi_turn.tool_config_path (one tool config "
-           "for the rollout)", lambda value, get: {} if value is None else
-           {"actor_rollout_ref.rollout.multi_turn.tool_config_path": value}),
+    refused("data.tool_config_path", "the rollout reads one: set actor_rollout_ref.rollout.multi_turn.tool_config_path"),
     refused("data.image_*", MM), refused("data.video_key", MM), refused("data.return_multi_modal_inputs", MM),
     mapped("data.trust_remote_code", "no remote code runs: tokenizers load with transformers' own classes"),
     refused("data.custom_cls.*", "a custom dataset class is not loaded: write parquet/jsonl in verl's schema"),
@@ -322,14 +316,8 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.rollout.over_sample_rate", "over-sampling is not offered; DAPO's "
             "algorithm.filter_groups generates more prompts instead"),
     mapped("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
-    refused("actor_rollout_ref.rollout.multi_turn.interaction_config_path", SGLANG_INTERACTION),
-    refused("actor_rollout_ref.rollout.multi_turn.max_user_turns", SGLANG_INTERACTION),
-    refused("actor_rollout_ref.rollout.multi_turn.use_inference_chat_template", "needs verl's SGLang rollout (its "
-            "re-rendered chat history); Tandem appends token ids to each row"),
-    mapped("actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode", "SGLang's re-tokenization check: "
-           "Tandem appends the observations' token ids, nothing is re-tokenized"),
-    refused("actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts", "needs verl's SGLang rollout: use "
-            "actor_rollout_ref.rollout.n"),
+    refused("actor_rollout_ref.rollout.multi_turn.*", "needs verl's SGLang rollout (interactions, its chat re-rendering "
+            "and checks, repeated rollouts); Tandem's turns are tool calls appended as token ids"),
     mapped("actor_rollout_ref.rollout.calculate_log_probs", "the rollout always returns its log-probs "
            "(training/rollout_probs_diff_*, truncated importance sampling)"),
     refused("actor_rollout_ref.rollout.agent.*", "agent loops are not offered"),

@@ -7,7 +7,7 @@ turn's calls and issues them at once on `ToolLoop`'s event loop (a thread): ever
 one `ToolCaller.call` of their own, so a slow tool holds only the rows that called it. Each call
 has a deadline and retries; what still fails becomes an error observation (ok=False), never an
 exception or an empty answer. `ToolTurns.resume` feeds each answered row's observation tokens into
-its cache slot (runner.continue_row: the prefix is not recomputed) and hands the slot back to the
+its cache slot (turn_prefill.continue_row: the prefix is not recomputed) and hands the slot back to the
 scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled).
 
 Not here: the tool services (tandem/tools/), the wire format of a task's calls (ToolFormat
@@ -21,6 +21,7 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from tandem.generation.turn_prefill import continue_row, stopped_at
 from tandem.tools.calls import ToolCall, ToolCaller, ToolResult
 
 
@@ -130,7 +131,7 @@ class ToolTurns:
     def pause(self, runner, sched, alive: list[bool]) -> frozenset[int]:
         """After a decode window: the stopped rows that wait on a tool now (their calls issued)."""
         stopped = [s for s in sched.busy_rows() if not alive[s]]
-        return frozenset(s for s, (row, index, token) in zip(stopped, runner.stopped_at(stopped))
+        return frozenset(s for s, (row, index, token) in zip(stopped, stopped_at(runner, stopped))
                          if self._maybe_call(s, row, index, token, runner))
 
     def resume(self, runner, sched, block: bool, poll_s: float = 0.5) -> None:
@@ -141,7 +142,7 @@ class ToolTurns:
         for slot in [s for s, (_, _, f) in self.pending.items() if f.done()]:
             row, index, fut = self.pending.pop(slot)
             obs = self.mt.format.observation(fut.result())
-            nxt, token, going = runner.continue_row(slot, index, obs)
+            nxt, token, going = continue_row(runner, slot, index, obs)
             self.turns[row] += 1
             self.turn_start[row] = min(index + 1 + len(obs), nxt)
             if not self._maybe_call(slot, row, nxt, token, runner):  # a turn may be a call at once

@@ -189,66 +189,6 @@ class ModelRunner:
         """[rows, R] bool: True on tool-observation tokens (not sampled by the model)."""
         return self.out_obs[:-1]
 
-    def stopped_at(self, slots: list[int]) -> list[tuple[int, int, int]]:
-        """(row, response index, token) of the token each of these stopped slots stopped on
-        (one host sync). A dead slot's step no longer advances, so it indexes its stop token."""
-        if not slots:
-            return []
-        idx = torch.tensor(slots, device=self.device)
-        rows, steps = self.row[idx], self.step[idx]
-        toks = self.out_tok[rows, steps.clamp(max=self.out_tok.shape[1] - 1)]
-        return list(zip(rows.tolist(), steps.tolist(), toks.tolist()))
-
-    @torch.no_grad()
-    def continue_row(self, slot: int, index: int, observation: list[int]) -> tuple[int, int | None, bool]:
-        """A row stopped on a tool call whose last token sits at response index `index` (sampled,
-        not yet fed): feed it and the observation tokens at the row's next cache positions, on
-        top of the row's KV cache (the prefix is not recomputed), and sample the model's next
-        token. The observation is cut to the response budget. Returns (the next token's response
-        index, that token (None: no room was left for it), whether the row decodes on)."""
-        req, dev = self.request, self.device
-        r = req.params.max_new_tokens
-        row = int(self.row[slot])
-        observation = observation[:max(0, r - 1 - index)]
-        k, nxt = len(observation), index + 1 + len(observation)
-        if k:
-            cols = torch.arange(index + 1, nxt, device=dev)
-            self.out_tok[row, cols] = torch.tensor(observation, dtype=torch.long, device=dev)
-            self.out_mask[row, cols] = True
-            self.out_obs[row, cols] = True
-        if nxt >= r:  # no room left for a model token: the row ends on its observation
-            self.alive[slot] = False
-            return nxt, None, False
-        ids = torch.cat([self.out_tok[row, index:index + 1],
-                         torch.tensor(observation, dtype=torch.long, device=dev)])[None]  # [1, k + 1]
-        start = self.prompt_lens[row // req.params.n] + index  # cache position of the stop token
-        width = k + 1
-        self.fed_tokens += width
-        positions = torch.arange(start, start + width, device=dev)
-        rope_pos = (positions + self.rope_off[slot]).clamp(max=self.cache.max_len - 1)
-        freqs = self.freqs[rope_pos[None].t()].squeeze(2)  # [width, 1, 1, rot_dim]
-        allowed = self.key_pos[:start + width][None] <= positions[:, None]  # [width, start + width]
-
-        def attend(layer_idx, q, k_, v):  # [W, 1, heads, d], [W, 1, groups, d] x 2
-            self.cache.k[layer_idx, slot, :, start:start + width] = k_[:, 0].transpose(0, 1)
-            self.cache.v[layer_idx, slot, :, start:start + width] = v[:, 0].transpose(0, 1)
-            keys = self.cache.k[layer_idx, slot:slot + 1, :, :start + width]  # [1, groups, S, d]
-            values = self.cache.v[layer_idx, slot:slot + 1, :, :start + width]
-            out = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), keys, values, attn_mask=allowed,
-                                                 scale=self.scale, enable_gqa=self.heads != self.groups)
-            return out.permute(2, 0, 1, 3).reshape(width, 1, -1)
-
-        h = self._trunk(ids, freqs, attend)  # [W, 1, H]
-        rows_t = torch.tensor([row], device=dev)
-        tok, logp = sample_rows(self._logits(h), req.params, self.seed, rows_t + req.params.row_offset,
-                                torch.tensor([nxt], device=dev))
-        self.out_tok[row, nxt], self.out_logp[row, nxt], self.out_mask[row, nxt] = tok[0], logp[0], True
-        going = not bool((tok[0] == self.stop_t).any()) and nxt + 1 < r
-        # as after a decode step: a stopped row's step stays on its stop token
-        self.tok[slot], self.pos[slot], self.step[slot] = tok[0], start + width, nxt + int(going)
-        self.alive[slot] = going
-        return nxt, int(tok[0]), going
-
     # ---- execution ---------------------------------------------------------------------
 
     @torch.no_grad()

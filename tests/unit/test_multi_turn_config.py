@@ -24,12 +24,14 @@ def tool_tokenizer(tmp_path_factory):
 
 def test_verl_keys_are_taken_and_sglang_ones_refused_by_name():
     cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.max_assistant_turns=3", "data.tool_config_path=null",
-                                 f"{MT}.tokenization_sanity_check_mode=strict"])
+                                 f"{MT}.tokenization_sanity_check_mode=strict"])  # verl's defaults: accepted
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
     for key in ("interaction_config_path=x.yaml", "max_user_turns=2", "use_inference_chat_template=true",
-                "num_repeat_rollouts=2"):
+                "num_repeat_rollouts=2", "tokenization_sanity_check_mode=disable"):
         with pytest.raises(ConfigError, match=f"{MT}.{key.split('=')[0]}.*SGLang"):
             load_config(overrides=[f"{MT}.{key}"])
+    with pytest.raises(ConfigError, match=f"data.tool_config_path.*{MT}.tool_config_path"):
+        load_config(overrides=["data.tool_config_path=tools.yaml"])
     with pytest.raises(ConfigError, match=f"{MT}.format"):
         load_config(overrides=[f"{MT}.format=xml"])
 
