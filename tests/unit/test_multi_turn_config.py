@@ -80,3 +80,25 @@ def test_hermes_format_with_a_chat_tokenizer(tmp_path):
     assert fmt.parse(turn[:turn.index(fmt.end_id) + 1]) == [ToolCall("calculator", {"expression": "1+2"})]
     text = tok.decode(fmt.observation([ToolResult("3", True)]))
     assert text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_the_tool_task_data_and_reward(tool_tokenizer):
+    from tandem.services.reward.rules.arithmetic import score_final_answer
+    from tandem.tasks.arithmetic import make_problems
+    from tandem.tasks.calculator_tool import DATA_SOURCE, DIGITS, tool_task_rows
+
+    problems = make_problems(400, seed=1, fixed_width=True, digits=DIGITS)
+    assert problems[0][0].count("+") == 1 and len(problems[0][0]) == 2 * DIGITS + 2
+    rows = tool_task_rows(problems, "train")
+    demos = [r["extra_info"]["answer"] for r in rows if "answer" in r["extra_info"]]
+    assert 0.15 < len(demos) / len(rows) < 0.35 and all(r["data_source"] == DATA_SOURCE for r in rows)
+    fmt = CalculatorFormat(tool_tokenizer)
+    prompt, answer = next((r["prompt"][0]["content"], r["reward_model"]["ground_truth"]) for r in rows
+                          if "answer" in r["extra_info"])
+    demo = next(r["extra_info"]["answer"] for r in rows if "answer" in r["extra_info"])
+    call = demo[:demo.index("]") + 1]
+    assert fmt.parse(tool_tokenizer(call, add_special_tokens=False)["input_ids"]) == [
+        ToolCall("calculator", {"expression": prompt.rstrip("=")})]
+    assert demo.endswith("}" + answer)
+    assert not any("answer" in r["extra_info"] for r in tool_task_rows(problems, "val"))
+    assert score_final_answer(["[1+2]{03}03", "03", "[1+2]{03}04", "[1+2]{03}"], ["03"] * 4) == [1.0, 1.0, 0.0, 0.0]
