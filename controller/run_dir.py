@@ -44,7 +44,7 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
     if model.tokenizer_path is None and model.path is not None:
         model = replace(model, tokenizer_path=model.path)
     data = cfg.data
-    tool_task = data.train_files is None and data.builtin_task == "add_tool"
+    tool_task = data.train_files is None and data.builtin_task == "mul_tool"
     if model.tokenizer_path is None:
         from tandem.tasks.arithmetic import CHARS, build_tokenizer
         from tandem.tasks.calculator_tool import TOOL_CHARS
@@ -55,9 +55,9 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
     cfg = replace(cfg, trainer=replace(cfg.trainer, sft=sft))
     if data.train_files is None:
         from tandem.tasks.arithmetic import write_dataset
-        from tandem.tasks.calculator_tool import DIGITS, tool_task_rows
+        from tandem.tasks.calculator_tool import DIGITS, OP, tool_task_rows
 
-        task = dict(digits=DIGITS, rows=tool_task_rows) if tool_task else {}
+        task = dict(digits=DIGITS, op=OP, rows=tool_task_rows) if tool_task else {}
         train, val = write_dataset(os.path.join(run_dir, "data"), data.builtin_train_size,
                                    data.builtin_val_size, data.seed, data.builtin_fixed_width, **task)
         data = replace(data, train_files=train, val_files=val)

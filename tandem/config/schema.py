@@ -304,7 +304,7 @@ class DataConfig:
     builtin_train_size: int = 20000  # built-in task (no train_files): training problems, sums of a, b in 0..999
     builtin_val_size: int = 256  # built-in task: validation problems
     builtin_fixed_width: bool = True  # built-in task: `012+345=` -> `0357` (false: `12+345=` -> `357`)
-    # built-in task: add (3-digit sums) or add_tool (5-digit sums with a calculator tool, which the rollout
+    # built-in task: add (3-digit sums) or mul_tool (3-digit products with a calculator tool, which the rollout
     # answers with actor_rollout_ref.rollout.multi_turn.enable=true; tandem/tasks/calculator_tool.py)
     builtin_task: str = "add"
 

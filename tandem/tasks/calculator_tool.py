@@ -1,9 +1,11 @@
-"""The built-in tool task: 5-digit sums, with a calculator the model may call. An in-process
-ToolCaller, the call format of the character tokenizer (tandem/tasks/arithmetic.py) and the data.
+"""The built-in tool task: products of 3-digit numbers, with a calculator the model may call. An
+in-process ToolCaller, the call format of the character tokenizer (tandem/tasks/arithmetic.py) and
+the data.
 
-The model writes `[123456+654321]` (`]` ends the call and pauses the row); the rollout appends
-`{0777777}`, the exact sum at the operands' width plus one, or `{!}` when the call failed (the
-character vocabulary cannot spell an error message). The answer then follows: `0777777<eos>`.
+The model writes `[123*456]` (`]` ends the call and pauses the row); the rollout appends `{056088}`,
+the exact value at the task's answer width, or `{!}` when the call failed (the character vocabulary
+cannot spell an error message). The answer then follows: `056088<eos>`. Without the calculator a
+model this small multiplies in one pass, badly; with it the task is two copies.
 """
 from __future__ import annotations
 
@@ -13,17 +15,20 @@ from typing import Sequence
 from tandem.tools.calls import ToolCall, ToolResult
 
 CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE, FAILED = "[", "]", "{", "}", "!"
-TOOL_CHARS = [CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE, FAILED]
+TOOL_CHARS = [CALL_OPEN, CALL_CLOSE, RESULT_OPEN, RESULT_CLOSE, FAILED, "*"]  # "+" is the base task's
 TOOL_NAME = "calculator"
-_EXPR = re.compile(r"^(\d+)\+(\d+)$")
+_EXPR = re.compile(r"^(\d+)([+*])(\d+)$")
 
 
-def add(expression: str) -> ToolResult:
-    """`a+b` (digits) -> the sum, zero-padded to the longer operand's width plus one."""
+def calculate(expression: str) -> ToolResult:
+    """`a+b` or `a*b` (digits) -> the value, zero-padded to the width the task writes answers at
+    (a sum: the longer operand's width plus one; a product: the operands' widths added)."""
     m = _EXPR.match(expression.strip())
     if m is None:
-        return ToolResult(f"not a sum of two whole numbers: {expression!r}", ok=False)
-    a, b = m.groups()
+        return ToolResult(f"not a sum or product of two whole numbers: {expression!r}", ok=False)
+    a, op, b = m.groups()
+    if op == "*":
+        return ToolResult(f"{int(a) * int(b):0{len(a) + len(b)}d}", ok=True)
     return ToolResult(f"{int(a) + int(b):0{max(len(a), len(b)) + 1}d}", ok=True)
 
 
@@ -32,7 +37,7 @@ class CalculatorCaller:
     tool service is configured)."""
 
     async def call(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
-        return [add(str(c.arguments.get("expression", ""))) if c.name == TOOL_NAME
+        return [calculate(str(c.arguments.get("expression", ""))) if c.name == TOOL_NAME
                 else ToolResult(f"unknown tool {c.name!r}", ok=False) for c in calls]
 
 
@@ -64,17 +69,17 @@ class CalculatorFormat:
         return out + [self.ids[RESULT_CLOSE]]
 
 
-# ---- the built-in tool task (data.builtin_task=add_tool) -------------------------------------------
+# ---- the built-in tool task (data.builtin_task=mul_tool) -------------------------------------------
 
 DATA_SOURCE = "tandem/arithmetic_tool"  # reward: the answer after the last observation (rules/arithmetic.py)
-DIGITS = 5  # operands: too long for the small model to add in one pass, easy to copy into a call
+DIGITS, OP = 3, "*"  # 3-digit products: beyond the small model in one pass, easy to copy into a call
 DEMO_FRACTION = 0.25  # warm-start rows that show a calculator call; the rest answer directly
 
 
 def transcript(prompt: str, answer: str) -> str:
-    """What a row that uses the calculator writes: `[a+b]{sum}sum` (the rollout writes `{sum}`)."""
+    """What a row that uses the calculator writes: `[a*b]{value}value` (the rollout writes `{value}`)."""
     expression = prompt.rstrip("=")
-    return f"{CALL_OPEN}{expression}{CALL_CLOSE}{RESULT_OPEN}{add(expression).text}{RESULT_CLOSE}{answer}"
+    return f"{CALL_OPEN}{expression}{CALL_CLOSE}{RESULT_OPEN}{calculate(expression).text}{RESULT_CLOSE}{answer}"
 
 
 def tool_task_rows(problems: list[tuple[str, str]], split: str, seed: int = 0) -> list[dict]:

@@ -54,10 +54,11 @@ def test_calculator_format_and_caller(tool_tokenizer):
     assert turn[-1] == fmt.end_id
     calls = fmt.parse(turn)
     assert calls == [ToolCall("calculator", {"expression": "123456+987654"})]
-    results = asyncio.run(CalculatorCaller().call(calls + [ToolCall("calculator", {"expression": "1+x"})]))
-    assert results[0] == ToolResult("1111110", True) and not results[1].ok
+    more = [ToolCall("calculator", {"expression": "1+x"}), ToolCall("calculator", {"expression": "012*345"})]
+    results = asyncio.run(CalculatorCaller().call(calls + more))
+    assert results[0] == ToolResult("1111110", True) and not results[1].ok and results[2] == ToolResult("004140", True)
     assert tool_tokenizer.decode(fmt.observation(results[:1])) == "{1111110}"
-    assert tool_tokenizer.decode(fmt.observation(results[1:])) == "{!}"
+    assert tool_tokenizer.decode(fmt.observation(results[1:2])) == "{!}"
     assert fmt.parse(tool_tokenizer("12]", add_special_tokens=False)["input_ids"]) == []
 
 
@@ -85,10 +86,11 @@ def test_hermes_format_with_a_chat_tokenizer(tmp_path):
 def test_the_tool_task_data_and_reward(tool_tokenizer):
     from tandem.services.reward.rules.arithmetic import score_final_answer
     from tandem.tasks.arithmetic import make_problems
-    from tandem.tasks.calculator_tool import DATA_SOURCE, DIGITS, tool_task_rows
+    from tandem.tasks.calculator_tool import DATA_SOURCE, DIGITS, OP, tool_task_rows
 
-    problems = make_problems(400, seed=1, fixed_width=True, digits=DIGITS)
-    assert problems[0][0].count("+") == 1 and len(problems[0][0]) == 2 * DIGITS + 2
+    problems = make_problems(400, seed=1, fixed_width=True, digits=DIGITS, op=OP)
+    (a, b), answer = problems[0][0].rstrip("=").split(OP), problems[0][1]
+    assert len(a) == len(b) == DIGITS and int(answer) == int(a) * int(b) and len(answer) == 2 * DIGITS
     rows = tool_task_rows(problems, "train")
     demos = [r["extra_info"]["answer"] for r in rows if "answer" in r["extra_info"]]
     assert 0.15 < len(demos) / len(rows) < 0.35 and all(r["data_source"] == DATA_SOURCE for r in rows)
