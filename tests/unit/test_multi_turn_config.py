@@ -104,3 +104,10 @@ def test_the_tool_task_data_and_reward(tool_tokenizer):
     assert demo.endswith("}" + answer)
     assert not any("answer" in r["extra_info"] for r in tool_task_rows(problems, "val"))
     assert score_final_answer(["[1+2]{03}03", "03", "[1+2]{03}04", "[1+2]{03}"], ["03"] * 4) == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_the_tool_config_loads_with_and_without_the_tool():
+    cfg = load_config("deploy/configs/arithmetic_tool.yaml")
+    assert cfg.data.builtin_task == "mul_tool" and cfg.actor_rollout_ref.rollout.multi_turn.enable
+    off = load_config("deploy/configs/arithmetic_tool.yaml", [f"{MT}.enable=false"])
+    assert not off.actor_rollout_ref.rollout.multi_turn.enable and off.trainer.sft == cfg.trainer.sft
