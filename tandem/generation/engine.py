@@ -130,7 +130,7 @@ class GenerationEngine:
                           max_len=runner.cache.max_len, sync_every=self.sync_every,
                           batch_buckets=_pow2_buckets(slots), kv_bucket=self.kv_bucket)
         interruptible = getattr(getattr(self.model, "config", None), "tensor_model_parallel_size", 1) == 1
-        turns = None
+        turns, lockstep = None, not interruptible  # TP > 1: the group's ranks must plan alike
         if tools is not None:
             self._tool_loop = self._tool_loop or ToolLoop()
             turns = ToolTurns(tools, self._tool_loop, rows, r)
@@ -139,7 +139,7 @@ class GenerationEngine:
         try:
             while True:
                 if turns is not None:  # answered rows continue; wait only when nothing can decode
-                    turns.resume(runner, sched, block=sched.stalled)
+                    turns.resume(runner, sched, block=sched.stalled, lockstep=lockstep)
                     if sched.stalled:
                         if interruptible:
                             interrupt.check()

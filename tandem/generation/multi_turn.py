@@ -134,11 +134,15 @@ class ToolTurns:
         return frozenset(s for s, (row, index, token) in zip(stopped, stopped_at(runner, stopped))
                          if self._maybe_call(s, row, index, token, runner))
 
-    def resume(self, runner, sched, block: bool, poll_s: float = 0.5) -> None:
-        """Continue every row whose answer has come (with block: wait up to poll_s for one first)."""
-        if block and self.pending:
-            concurrent.futures.wait([f for _, _, f in self.pending.values()], timeout=poll_s,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+    def resume(self, runner, sched, block: bool, lockstep: bool = False, poll_s: float = 0.5) -> None:
+        """Continue every row whose answer has come (with block: wait up to poll_s for one first).
+        lockstep (TP > 1: every rank of the group runs this loop): wait for every call in flight,
+        so all ranks resume the same rows at the same step and plan the same decode shapes."""
+        futures = [f for _, _, f in self.pending.values()]
+        if lockstep and futures:
+            concurrent.futures.wait(futures)
+        elif block and futures:
+            concurrent.futures.wait(futures, timeout=poll_s, return_when=concurrent.futures.FIRST_COMPLETED)
         for slot in [s for s, (_, _, f) in self.pending.items() if f.done()]:
             row, index, fut = self.pending.pop(slot)
             obs = self.mt.format.observation(fut.result())
