@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tandem.algos import metrics as M
+from tandem.controller import scoring
 
 if TYPE_CHECKING:  # annotations only
     from tandem.controller.step_context import Advantages, LogProbs, StepContext
@@ -31,8 +32,7 @@ def tool_metrics(gen: DataProto) -> dict[str, float]:
     """Tool calls and observation tokens per row of a multi-turn generation (none otherwise)."""
     if "tool_calls" not in gen.tensors:
         return {}
-    r = gen["responses"].shape[1]
-    observed = gen["attention_mask"][:, -r:].bool() & ~gen["response_mask"].bool()
+    observed = scoring.response_tokens(gen).bool() & ~gen["response_mask"].bool()
     return {M.TOOL_CALLS_MEAN: float(gen["tool_calls"].float().mean()),
             M.TOOL_OBSERVATION_TOKENS_MEAN: float(observed.sum(-1).float().mean())}
 

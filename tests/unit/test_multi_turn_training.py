@@ -8,6 +8,7 @@ import torch
 from tandem.algos import advantages as adv_algos
 from tandem.config import ActorConfig
 from tandem.controller import scoring
+from tandem.controller.step_metrics import tool_metrics
 from tandem.data.batch import DataProto
 from tandem.generation.engine import left_pad
 from tandem.generation.multi_turn import MultiTurn
@@ -38,6 +39,8 @@ def test_the_rows_hold_observations_as_context_only(rows):
     assert obs.sum() >= 6 and int(rows["tool_calls"].sum()) >= 2, "the test needs rows that called the tool"
     assert set(rows["responses"][obs].tolist()) <= set(turns.OK_TOKENS)
     assert (rows["rollout_log_probs"][obs] == 0).all()
+    assert tool_metrics(rows) == {"rollout/tool_calls_mean": float(rows["tool_calls"].float().mean()),
+                                  "rollout/observation_tokens_mean": float(obs.sum(-1).float().mean())}
 
 
 def test_observations_get_no_gradient_no_advantage_no_reward(model, rows):
