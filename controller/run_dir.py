@@ -43,18 +43,23 @@ def materialise(cfg: TandemConfig, run_dir: str) -> TandemConfig:
     model = cfg.actor_rollout_ref.model
     if model.tokenizer_path is None and model.path is not None:
         model = replace(model, tokenizer_path=model.path)
-    if model.tokenizer_path is None:
-        from tandem.tasks.arithmetic import build_tokenizer
-
-        model = replace(model, tokenizer_path=build_tokenizer(os.path.join(run_dir, "tokenizer")))
     data = cfg.data
+    tool_task = data.train_files is None and data.builtin_task == "mul_tool"
+    if model.tokenizer_path is None:
+        from tandem.tasks.arithmetic import CHARS, build_tokenizer
+        from tandem.tasks.calculator_tool import TOOL_CHARS
+
+        model = replace(model, tokenizer_path=build_tokenizer(os.path.join(run_dir, "tokenizer"),
+                                                              CHARS + TOOL_CHARS if tool_task else None))
     sft = resolve_stop(cfg.trainer.sft, builtin_task=data.train_files is None)
     cfg = replace(cfg, trainer=replace(cfg.trainer, sft=sft))
     if data.train_files is None:
         from tandem.tasks.arithmetic import write_dataset
+        from tandem.tasks.calculator_tool import DIGITS, OP, tool_task_rows
 
+        task = dict(digits=DIGITS, op=OP, rows=tool_task_rows) if tool_task else {}
         train, val = write_dataset(os.path.join(run_dir, "data"), data.builtin_train_size,
-                                   data.builtin_val_size, data.seed, data.builtin_fixed_width)
+                                   data.builtin_val_size, data.seed, data.builtin_fixed_width, **task)
         data = replace(data, train_files=train, val_files=val)
     cfg = replace(cfg, data=data, actor_rollout_ref=replace(cfg.actor_rollout_ref, model=model))
     cfg = profile_paths(cfg, run_dir)

@@ -23,9 +23,15 @@ from tandem.controller.reward_calls import RowScores, score_rows
 from tandem.data.batch import DataProto
 
 
+def response_tokens(gen: DataProto) -> torch.Tensor:
+    """[B, R] 1 on every real response token: a multi-turn row's tool observations too, which are in
+    attention_mask but not in response_mask (the loss mask)."""
+    return gen["attention_mask"][:, -gen["responses"].shape[1]:]
+
+
 def decode_responses(gen: DataProto, tokenizer) -> list[str]:
-    """Each row's response tokens (masked ones left out) as text, special tokens skipped."""
-    rows = [r[m.bool()].tolist() for r, m in zip(gen["responses"], gen["response_mask"])]
+    """Each row's response tokens (padding left out, observations kept) as text, special tokens skipped."""
+    rows = [r[m.bool()].tolist() for r, m in zip(gen["responses"], response_tokens(gen))]
     return tokenizer.batch_decode(rows, skip_special_tokens=True)
 
 
@@ -65,7 +71,8 @@ def thread_decoder(tokenizer):
 
 
 def shaped_scores(scores: torch.Tensor, response_mask: torch.Tensor, cfg: TandemConfig) -> torch.Tensor:
-    """Scores plus DAPO's overlong penalty when reward_model.overlong_buffer is enabled."""
+    """Scores plus DAPO's overlong penalty when reward_model.overlong_buffer is enabled (the length:
+    every real response token, as verl counts it, observations included)."""
     ob = cfg.reward_model.overlong_buffer
     if not ob.enable:
         return scores
@@ -74,9 +81,11 @@ def shaped_scores(scores: torch.Tensor, response_mask: torch.Tensor, cfg: Tandem
 
 
 def token_level(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Outcome reward on each row's last response token: [B] -> [B, R]."""
+    """Outcome reward on each row's last response token: [B] -> [B, R]. The last token the model
+    wrote: a multi-turn mask has holes where tool observations are."""
     out = torch.zeros(response_mask.shape, dtype=torch.float32)
-    last = (response_mask.sum(-1) - 1).clamp(min=0).long()
+    positions = torch.arange(response_mask.shape[-1]).expand(response_mask.shape)
+    last = torch.where(response_mask.bool(), positions, -1).max(-1).values.clamp(min=0)
     out[torch.arange(len(scores)), last] = scores
     return out
 

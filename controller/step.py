@@ -161,7 +161,7 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, ti
     async def greedy_baseline() -> tuple[RowScores, torch.Tensor]:
         base = await roles.rollout.generate_sequences(prompts, max_new_tokens=max_new, n=1, greedy=True)
         scored = await scoring.score(roles.reward, base, tokenizer, cfg)
-        return scored, scoring.shaped_scores(scored.scores, base["response_mask"], cfg)
+        return scored, scoring.shaped_scores(scored.scores, scoring.response_tokens(base), cfg)
 
     remax = cfg.algorithm.adv_estimator == "remax"
     with timed(timings, M.TIMING_REWARD):  # ReMax's greedy baseline rollout is scored meanwhile
@@ -173,7 +173,7 @@ async def generate_and_score(ctx: StepContext, prompts: DataProto, seed: int, ti
                          for i in range(r.n)})
     keep_rows = settle(RowScores(scored.scores, failures), r.n, cfg)
     gen.tensors["acc"] = scored.scores
-    gen.tensors["seq_reward"] = scoring.shaped_scores(scored.scores, gen["response_mask"], cfg)
+    gen.tensors["seq_reward"] = scoring.shaped_scores(scored.scores, scoring.response_tokens(gen), cfg)
     if remax:
         gen.tensors["reward_baselines"] = baseline[1].repeat_interleave(r.n)
     if keep_rows is not None:

@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tandem.algos import metrics as M
+from tandem.controller import scoring
 
 if TYPE_CHECKING:  # annotations only
     from tandem.controller.step_context import Advantages, LogProbs, StepContext
@@ -22,8 +23,18 @@ def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages
                "prompt_mask": gen["attention_mask"][:, : gen["prompts"].shape[1]].float()}
     if ctx.use_critic:
         tensors["values"] = lp.values["values"]
-    return M.compute_data_metrics(tensors, use_critic=ctx.use_critic,
-                                  max_response_length=ctx.cfg.data.max_response_length)
+    out = M.compute_data_metrics(tensors, use_critic=ctx.use_critic,
+                                 max_response_length=ctx.cfg.data.max_response_length)
+    return out | tool_metrics(gen)
+
+
+def tool_metrics(gen: DataProto) -> dict[str, float]:
+    """Tool calls and observation tokens per row of a multi-turn generation (none otherwise)."""
+    if "tool_calls" not in gen.tensors:
+        return {}
+    observed = scoring.response_tokens(gen).bool() & ~gen["response_mask"].bool()
+    return {M.TOOL_CALLS_MEAN: float(gen["tool_calls"].float().mean()),
+            M.TOOL_OBSERVATION_TOKENS_MEAN: float(observed.sum(-1).float().mean())}
 
 
 def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:

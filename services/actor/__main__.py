@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel.layout import ParallelConfig
+from tandem.rollout.tools import multi_turn_from_config
 from tandem.services.actor import hybrid
 from tandem.services.actor.front import ActorFront
 from tandem.services.actor.kept_rows import KeptRows
@@ -38,7 +39,7 @@ class ActorRole(Role):
         if rollout.mode == "colocated":
             targets["rollout"] = hybrid.colocated_rollout_worker(
                 worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
-                rollout.tensor_model_parallel_size)
+                rollout.tensor_model_parallel_size, tools=multi_turn_from_config(rollout, tokenizer))
         return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release])  # Release drops its offload state
 
     def servicers(self, cfg, built, group, thread):

@@ -18,6 +18,7 @@ computes) the engine is released; the next generation captures again.
 from __future__ import annotations
 
 from tandem.data.batch import DataProto
+from tandem.generation.multi_turn import MultiTurn
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.replica import ReplicaRollout
 from tandem.rollout.worker import RolloutWorker
@@ -44,12 +45,12 @@ class ColocatedRollout:
 
 
 def colocated_rollout_worker(actor: ActorWorker, tokenizer, max_batch_size: int, free_cache_engine: bool,
-                             generation_tp: int | None = None) -> ColocatedRollout:
+                             generation_tp: int | None = None, tools: MultiTurn | None = None) -> ColocatedRollout:
     m = actor.actor_cfg.megatron
     if generation_tp == 1 and (m.tensor_model_parallel_size > 1 or m.pipeline_model_parallel_size > 1):
         engine = ReplicaRollout(actor, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                                max_batch_size=max_batch_size, free_cache_engine=False)
+                                max_batch_size=max_batch_size, free_cache_engine=False, tools=tools)
     else:
         engine = RolloutWorker(actor.policy, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size)
+                               vocab_size=actor.vocab_size, max_batch_size=max_batch_size, tools=tools)
     return ColocatedRollout(actor, engine, free_cache_engine)  # the cache is freed by the actor's phases

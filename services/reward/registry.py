@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tandem.services.reward.rules.arithmetic import score_exact_match
+from tandem.services.reward.rules.arithmetic import score_exact_match, score_final_answer
 from tandem.services.reward.rules.gsm8k import score_gsm8k
 from tandem.services.reward.rules.math_boxed import score_math_boxed
 
@@ -27,6 +27,7 @@ REWARD_RULES: dict[str, RewardRule] = {}
 # verl data_source -> rule name. Exact matches; see rule_for_data_source for prefixes.
 DATA_SOURCE_RULES: dict[str, str] = {
     "tandem/arithmetic": "arithmetic",
+    "tandem/arithmetic_tool": "arithmetic_tool",
     "openai/gsm8k": "gsm8k",
     "lighteval/MATH": "math",
     "DigitalLearningGmbH/MATH-lighteval": "math",
@@ -87,6 +88,7 @@ def rule_for_data_source(data_source: str | None, default: str) -> str:
 def _register_builtins() -> None:
     builtins: dict[str, RewardRule] = {
         "arithmetic": score_exact_match,
+        "arithmetic_tool": score_final_answer,
         "gsm8k": score_gsm8k,
         "math": score_math_boxed,
     }

@@ -14,6 +14,7 @@ from tandem.models.build import build_gpt_model
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.parallel.layout import ParallelConfig
+from tandem.rollout.tools import multi_turn_from_config
 from tandem.rollout.worker import RolloutWorker
 from tandem.rpc.security import EndpointSecurity
 from tandem.serving.process import load_tokenizer, run_service
@@ -43,7 +44,8 @@ class RolloutRole(Role):
         model = build_gpt_model(shape, tp=rollout.tensor_model_parallel_size or 1, params_dtype=dtype).eval()
         model.requires_grad_(False)
         worker = RolloutWorker(model, pad_id=tokenizer.pad_token_id, eos_id=tokenizer.eos_token_id,
-                               vocab_size=model.vocab_size, max_batch_size=rollout.max_batch_size, weights_version=-1)
+                               vocab_size=model.vocab_size, max_batch_size=rollout.max_batch_size, weights_version=-1,
+                               tools=multi_turn_from_config(rollout, tokenizer))
         staging = WeightStaging(model, shape, worker)
         # leave: the run's weight group with the actor (collective transport) goes with the run
         return Built({"rollout": worker, "weights": staging}, {"pad_id": tokenizer.pad_token_id, "max_positions": shape.max_position_embeddings},

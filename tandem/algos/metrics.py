@@ -125,6 +125,11 @@ WEIGHT_SYNC_GBPS = _define("perf/weight_sync_gbps", "weight_sync/bytes / timing_
 ROLLOUT_WEIGHTS_VERSION = _define(
     "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
 
+# ---- multi-turn rollouts (tandem/generation/multi_turn.py) ------------------------
+TOOL_CALLS_MEAN = _define("rollout/tool_calls_mean", "mean number of tool calls per generated row")
+TOOL_OBSERVATION_TOKENS_MEAN = _define(
+    "rollout/observation_tokens_mean", "mean number of tool-observation tokens per row (in the response, not in its loss)")
+
 # ---- asynchronous training (controller/async_loop.py) -----------------------------
 ASYNC_STALENESS_MEAN = _define(
     "async/staleness_mean", "mean over the step's trained rows of (actor version at the update - version that generated it)")

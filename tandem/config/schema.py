@@ -149,6 +149,19 @@ class WeightSyncConfig:  # a standalone rollout's weight plane (tandem/weights/)
 
 
 @dataclass
+class MultiTurnConfig:  # verl's rollout.multi_turn keys (tandem/generation/multi_turn.py, tandem/rollout/tools.py)
+    enable: bool = False  # rows call tools between turns; observations are in the response, not in its loss
+    max_assistant_turns: Optional[int] = None  # model turns per row (null: as many as the response length allows)
+    tool_config_path: Optional[str] = None  # verl's tool-config YAML (null: the built-in in-process calculator)
+    max_parallel_calls: int = 1  # calls of one turn that are run (the rest are dropped)
+    max_tool_response_length: int = 256  # characters of a tool's answer kept
+    tool_response_truncate_side: str = "middle"  # left | right | middle
+    format: str = "auto"  # tool-call format: hermes (<tool_call> JSON), calculator (the built-in task); auto: the tokenizer's
+    tool_timeout_s: float = 30.0  # per attempt of a row's calls; then an error observation
+    tool_retries: int = 1  # attempts after a timeout or a failed call to the service
+
+
+@dataclass
 class RolloutConfig:
     mode: str = "colocated"  # colocated: the actor serves RolloutService; standalone: own service
     n: int = 8  # samples per prompt
@@ -162,6 +175,7 @@ class RolloutConfig:
     # Standalone: the rollout's own TP (None = 1; its world size a multiple of it; each rank slices its shard).
     tensor_model_parallel_size: int | None = None
     val_kwargs: ValKwargsConfig = field(default_factory=ValKwargsConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # standalone: the rollout service's
 
@@ -291,6 +305,9 @@ class DataConfig:
     builtin_train_size: int = 20000  # built-in task (no train_files): training problems, sums of a, b in 0..999
     builtin_val_size: int = 256  # built-in task: validation problems
     builtin_fixed_width: bool = True  # built-in task: `012+345=` -> `0357` (false: `12+345=` -> `357`)
+    # built-in task: add (3-digit sums) or mul_tool (3-digit products with a calculator tool, which the rollout
+    # answers with actor_rollout_ref.rollout.multi_turn.enable=true; tandem/tasks/calculator_tool.py)
+    builtin_task: str = "add"
 
 
 @dataclass

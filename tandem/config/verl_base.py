@@ -57,7 +57,9 @@ DIFFERENCES = {
     f"{R}.free_cache_engine": "the KV cache stays allocated between generations (no allocation per step); "
                               "true frees it when the next call is not a generation",
     f"{R}.tensor_model_parallel_size": NOT_TAKEN[f"{R}.tensor_model_parallel_size"],
-    f"{R}.n": BUILTIN + "; GRPO needs n >= 2", "algorithm.adv_estimator": BUILTIN,
+    f"{R}.n": BUILTIN + "; GRPO needs n >= 2",
+    f"{R}.multi_turn.format": "auto: hermes when the tokenizer has a </tool_call> token, else the built-in "
+                              "task's calculator format", "algorithm.adv_estimator": BUILTIN,
     "actor_rollout_ref.model.path": MODEL, "data.train_files": DATA, "data.val_files": DATA,
     "data.max_prompt_length": BUILTIN, "data.max_response_length": BUILTIN, "data.train_batch_size": BUILTIN,
     "data.seed": "verl: null; Tandem seeds its shuffled epochs with it",

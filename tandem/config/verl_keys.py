@@ -184,7 +184,7 @@ RULES: tuple[Rule, ...] = (
     mapped("data.dataloader_num_workers", "prompts are tokenized once in the controller at start"),
     mapped("data.filter_overlong_prompts_workers", "prompts are tokenized once in the controller at start"),
     refused("data.validation_shuffle", "validation takes the rows in file order"),
-    refused("data.tool_config_path", "tool calling / multi-turn rollouts are not offered"),
+    refused("data.tool_config_path", "the rollout reads one: set actor_rollout_ref.rollout.multi_turn.tool_config_path"),
     refused("data.image_*", MM), refused("data.video_key", MM), refused("data.return_multi_modal_inputs", MM),
     mapped("data.trust_remote_code", "no remote code runs: tokenizers load with transformers' own classes"),
     refused("data.custom_cls.*", "a custom dataset class is not loaded: write parquet/jsonl in verl's schema"),
@@ -321,7 +321,8 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.rollout.over_sample_rate", "over-sampling is not offered; DAPO's "
             "algorithm.filter_groups generates more prompts instead"),
     mapped("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
-    refused("actor_rollout_ref.rollout.multi_turn.*", "multi-turn / tool rollouts are not offered"),
+    refused("actor_rollout_ref.rollout.multi_turn.*", "needs verl's SGLang rollout (interactions, its chat re-rendering "
+            "and checks, repeated rollouts); Tandem's turns are tool calls appended as token ids"),
     mapped("actor_rollout_ref.rollout.calculate_log_probs", "the rollout always returns its log-probs "
            "(training/rollout_probs_diff_*, truncated importance sampling)"),
     refused("actor_rollout_ref.rollout.agent.*", "agent loops are not offered"),

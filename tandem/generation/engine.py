@@ -11,6 +11,10 @@ on CPU (and with TP > 1) the same step runs eagerly, every step.
 Results do not depend on the batching: a row's random draws are a function of
 (seed, row, position) (see sampling.sample_rows), so any slot count gives the same rows.
 
+Multi-turn (`tools=MultiTurn(...)`): a row that stops on a tool call keeps its slot and KV cache
+while its call runs (multi_turn.py); its observation is fed into the same cache and it decodes on.
+Observation tokens are part of the response, flagged in `observation_mask`.
+
 Not here: pipeline parallelism, vLLM/SGLang engines, prefix caching across prompts.
 """
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from tandem.generation import interrupt
+from tandem.generation.multi_turn import MultiTurn, ToolLoop, ToolTurns
 from tandem.generation.runner import ModelRunner, Request
 from tandem.generation.sampling import SamplingParams
 from tandem.generation.scheduler import Scheduler
@@ -33,6 +38,8 @@ class GenerationResult:
     responses: torch.Tensor  # [N, R] right-padded with pad_id, R = max_new_tokens
     response_mask: torch.Tensor  # [N, R] 1 up to and including the stop token
     rollout_log_probs: torch.Tensor  # [N, R] fp32, 0 on padding
+    observation_mask: torch.Tensor | None = None  # [N, R] 1 = a tool's observation token (multi-turn)
+    tool_calls: torch.Tensor | None = None  # [N] tool calls each row made (multi-turn)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,14 +96,18 @@ class GenerationEngine:
         self.compile_decode = gpu if compile_decode is None else compile_decode
         self.shared_prefix = shared_prefix
         self.runner: ModelRunner | None = None
+        self._tool_loop: ToolLoop | None = None
 
     def release(self) -> None:
         """Free the KV cache and graphs (e.g. before the colocated actor trains)."""
         self.runner = None
 
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> GenerationResult:
-        """Each prompt is sampled params.n times; rows are prompt-major (p0 s0, p0 s1, ...)."""
+    def generate(self, prompts: list[list[int]], params: SamplingParams,
+                 tools: MultiTurn | None = None) -> GenerationResult:
+        """Each prompt is sampled params.n times; rows are prompt-major (p0 s0, p0 s1, ...).
+        With `tools`, rows call tools between turns; max_new_tokens bounds a row's whole response,
+        observations included."""
         params.validate(self.vocab_size)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every prompt needs at least one token")
@@ -106,7 +117,7 @@ class GenerationEngine:
         need = max(len(p) for p in prompts) + r
         max_len = -(-need // self.kv_bucket) * self.kv_bucket
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**31, ()).item())
-        stop_ids = sorted({self.eos_id, *params.stop_token_ids})
+        stop_ids = sorted({self.eos_id, *params.stop_token_ids, *([tools.format.end_id] if tools else [])})
 
         if self.runner is None:
             self.runner = ModelRunner(self.model, device=device.device(), use_graphs=self.use_graphs,
@@ -119,17 +130,38 @@ class GenerationEngine:
                           max_len=runner.cache.max_len, sync_every=self.sync_every,
                           batch_buckets=_pow2_buckets(slots), kv_bucket=self.kv_bucket)
         interruptible = getattr(getattr(self.model, "config", None), "tensor_model_parallel_size", 1) == 1
+        turns, lockstep = None, not interruptible  # TP > 1: the group's ranks must plan alike
+        if tools is not None:
+            self._tool_loop = self._tool_loop or ToolLoop()
+            turns = ToolTurns(tools, self._tool_loop, rows, r)
         was_training = self.model.training
         self.model.eval()
         try:
-            while (plan := sched.schedule()) is not None:
+            while True:
+                if turns is not None:  # answered rows continue; wait only when nothing can decode
+                    turns.resume(runner, sched, block=sched.stalled, lockstep=lockstep)
+                    if sched.stalled:
+                        if interruptible:
+                            interrupt.check()
+                        continue
+                if (plan := sched.schedule()) is None:
+                    break
                 if interruptible:
                     interrupt.check()  # the run is being cancelled: cut the generation here
-                sched.update(plan, runner.execute(plan))
+                alive = runner.execute(plan)
+                paused = turns.pause(runner, sched, alive) if turns is not None else frozenset()
+                sched.update(plan, alive, paused)
         finally:
             self.model.train(was_training)
+            if turns is not None:
+                turns.cancel()
         tokens, logp, mask = runner.outputs()
         tokens = torch.where(mask, tokens, self.pad_id)
         prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(n)], self.pad_id)
-        return GenerationResult(prompt_ids, prompt_mask, tokens.cpu(), mask.long().cpu(),
-                                torch.where(mask, logp, 0.0).cpu())
+        out = GenerationResult(prompt_ids, prompt_mask, tokens.cpu(), mask.long().cpu(),
+                               torch.where(mask, logp, 0.0).cpu())
+        if turns is not None:
+            out.observation_mask = runner.observation_mask().long().cpu()
+            out.rollout_log_probs = torch.where(out.observation_mask.bool(), 0.0, out.rollout_log_probs)
+            out.tool_calls = torch.tensor(turns.calls, dtype=torch.long)
+        return out

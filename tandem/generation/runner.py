@@ -154,11 +154,14 @@ class ModelRunner:
         # rollout positions are the actor's (RoPE is relative: the same math, but the same
         # numbers too, which keeps rollout and actor log-probs within fp32 noise).
         self.prompt_width = max(len(p) for p in request.prompts)
+        self.prompt_lens = [len(p) for p in request.prompts]
         rows, r = len(request.prompts) * request.params.n, request.params.max_new_tokens
         # one extra row absorbs the writes of dead slots
         self.out_tok = torch.zeros((rows + 1, r), dtype=torch.long, device=dev)
         self.out_logp = torch.zeros((rows + 1, r), dtype=torch.float32, device=dev)
         self.out_mask = torch.zeros((rows + 1, r), dtype=torch.bool, device=dev)
+        self.out_obs = torch.zeros((rows + 1, r), dtype=torch.bool, device=dev)  # tool observations
+        self.fed_tokens = 0  # tokens run through the model outside decode (prefill, observations)
         key = tuple(request.stop_ids)
         if key not in self._stops:
             self._stops[key] = torch.tensor(request.stop_ids or [-1], dtype=torch.long, device=dev)
@@ -181,6 +184,10 @@ class ModelRunner:
     def outputs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(tokens, log-probs, mask) [rows, R] on the device; the request's rows only."""
         return self.out_tok[:-1], self.out_logp[:-1], self.out_mask[:-1]
+
+    def observation_mask(self) -> torch.Tensor:
+        """[rows, R] bool: True on tool-observation tokens (not sampled by the model)."""
+        return self.out_obs[:-1]
 
     # ---- execution ---------------------------------------------------------------------
 
@@ -209,6 +216,7 @@ class ModelRunner:
         for i, p in enumerate(prompts):  # right padding: real tokens never see the pads (causal)
             ids[i, :len(p)] = torch.tensor(p, dtype=torch.long)
         n = req.params.n
+        self.fed_tokens += sum(len(p) for p in prompts)
         slots = torch.tensor([s for a in admissions for s in a.slots], device=dev)
         rows = torch.tensor([a.prompt * n + j for a in admissions for j in range(n)], device=dev)
         of_slot = torch.arange(len(prompts), device=dev).repeat_interleave(n)  # prompt of each slot
@@ -241,7 +249,7 @@ class ModelRunner:
         self.pos.index_copy_(0, slots, lens[of_slot])
         self.rope_off.index_copy_(0, slots, off[of_slot])
         self.row.index_copy_(0, slots, rows)
-        self.step.index_copy_(0, slots, torch.ones_like(rows))
+        self.step.index_copy_(0, slots, alive.long())  # a row stopped at once: its step indexes token 0
         self.alive.index_copy_(0, slots, alive)
 
     def _decode_window(self, plan: Plan) -> None:

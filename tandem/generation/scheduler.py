@@ -4,7 +4,8 @@ The engine has a fixed number of cache slots. Each prompt's n samples are admitt
 together into n free slots (one prefill per prompt, its KV copied into the n slots);
 then the slots decode in windows of up to `sync_every` steps, after which the runner
 reports which slots are still alive and finished slots are refilled from the waiting
-prompts. The plan also picks the static shapes of the decode (how many leading slots
+prompts. A multi-turn row that stopped on a tool call is paused: its slot (and KV cache)
+stays held, out of the decode plans, until `resume` hands it back after the observation. The plan also picks the static shapes of the decode (how many leading slots
 to run and how many cache positions to attend over), rounded up to buckets so a few
 captured CUDA graphs cover every window.
 
@@ -54,6 +55,7 @@ class Scheduler:
     kv_bucket: int = 0  # round kv_len up to a multiple of this (0: max_len)
     _waiting: list[int] = field(init=False)
     _busy: dict[int, _Slot] = field(init=False, default_factory=dict)
+    _paused: dict[int, _Slot] = field(init=False, default_factory=dict)  # waiting on a tool call
 
     def __post_init__(self):
         if self.n > self.num_slots:
@@ -72,7 +74,13 @@ class Scheduler:
 
     @property
     def done(self) -> bool:
-        return not self._waiting and not self._busy
+        return not self._waiting and not self._busy and not self._paused
+
+    @property
+    def stalled(self) -> bool:
+        """Nothing can run until a paused row resumes: no row decodes and none can be admitted."""
+        return (not self._busy and bool(self._paused)
+                and not (self._waiting and self.num_slots - len(self._paused) >= self.n))
 
     def busy_rows(self) -> dict[int, int]:
         """slot -> row for the slots that hold an unfinished row."""
@@ -94,7 +102,7 @@ class Scheduler:
         return Plan(tuple(admit), steps, batch, kv_len)
 
     def _admit(self) -> list[Admission]:
-        free = sorted(set(range(self.num_slots)) - set(self._busy))  # lowest slots first
+        free = sorted(set(range(self.num_slots)) - set(self._busy) - set(self._paused))  # lowest first
         admit = []  # every prompt that fits (the runner chunks the prefill by tokens)
         while self._waiting and len(free) >= self.n:
             p = self._waiting.pop()
@@ -105,15 +113,29 @@ class Scheduler:
                 self._busy[s] = _Slot(p * self.n + j, self.prompt_lens[p], self.max_new_tokens - 1)
         return admit
 
-    def update(self, plan: Plan, alive: list[bool]) -> list[int]:
+    def update(self, plan: Plan, alive: list[bool], paused: frozenset[int] = frozenset()) -> list[int]:
         """After the runner executed `plan`: alive[s] says whether slot s's row is still
-        generating. Frees the finished slots; returns their rows."""
+        generating; the slots in `paused` stopped on a tool call and keep their slot. Frees the
+        finished slots; returns their rows."""
         finished = []
         for s in sorted(self._busy):
             b = self._busy[s]
             b.position += plan.decode_steps
             b.steps_left -= plan.decode_steps
-            if not alive[s] or b.steps_left <= 0:
+            if s in paused:
+                self._paused[s] = self._busy.pop(s)
+            elif not alive[s] or b.steps_left <= 0:
                 finished.append(b.row)
                 del self._busy[s]
         return finished
+
+    def resume(self, slot: int, next_index: int, alive: bool) -> list[int]:
+        """A paused row got its observation: its next token (response index `next_index`) is
+        sampled. It decodes on from there, or finishes (returns [row]) when it is not alive."""
+        b = self._paused.pop(slot)
+        b.position = self.prompt_lens[b.row // self.n] + next_index
+        b.steps_left = self.max_new_tokens - 1 - next_index
+        if not alive or b.steps_left <= 0:
+            return [b.row]
+        self._busy[slot] = b
+        return []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from tandem.data.batch import DataProto
+from tandem.generation.multi_turn import MultiTurn
 from tandem.generation.sampling import SamplingParams
 from tandem.rollout.worker import RolloutWorker
 
@@ -24,7 +25,8 @@ class ReplicaRollout:
 
     every_rank = True  # RolloutFront: split prompts over all ranks, call every rank
 
-    def __init__(self, actor, *, pad_id: int, eos_id: int, max_batch_size: int, free_cache_engine: bool):
+    def __init__(self, actor, *, pad_id: int, eos_id: int, max_batch_size: int, free_cache_engine: bool,
+                 tools: MultiTurn | None = None):
         from tandem.models.build import build_gpt_model
 
         self.actor = actor
@@ -33,7 +35,7 @@ class ReplicaRollout:
         self.model = build_gpt_model(actor.shape, params_dtype=dtype, replica=True, weights_follow=True).eval()
         self.model.requires_grad_(False)
         self.worker = RolloutWorker(self.model, pad_id=pad_id, eos_id=eos_id, vocab_size=actor.vocab_size,
-                                    max_batch_size=max_batch_size, free_cache_engine=free_cache_engine)
+                                    max_batch_size=max_batch_size, free_cache_engine=free_cache_engine, tools=tools)
         self.syncs = 0
 
     def generate_sequences(self, batch: DataProto | None, params: SamplingParams) -> DataProto | None:

@@ -4,6 +4,10 @@ Colocated (hybrid engine): the worker wraps the actor's own policy module, so th
 rollout always sees the latest weights with no copy. Standalone: it builds its own
 model, which the weight plane (tandem/weights/) refreshes in place after each actor update;
 `weights_version` is then the version last synced (-1: its own initial weights).
+
+Multi-turn (`tools`, tandem/rollout/tools.py): responses hold the tool observations too, as verl's
+multi-turn rollouts do: `attention_mask` covers every real token, `response_mask` the model's own
+tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's calls.
 """
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ import torch
 from tandem import checkpoint
 from tandem.data.batch import DataProto
 from tandem.generation.engine import GenerationEngine
+from tandem.generation.multi_turn import MultiTurn
 from tandem.generation.sampling import SamplingParams
 from tandem.models.norm import sequence_parallel_off
 from tandem.parallel import device
@@ -19,8 +24,9 @@ from tandem.parallel import device
 
 class RolloutWorker:
     def __init__(self, model, *, pad_id: int, eos_id: int, vocab_size: int, max_batch_size: int,
-                 free_cache_engine: bool = False, weights_version: int = 0):
+                 free_cache_engine: bool = False, weights_version: int = 0, tools: MultiTurn | None = None):
         self.model = model
+        self.tools = tools
         self.free_cache_engine = free_cache_engine  # colocated: give the KV cache back to training
         self.engine = GenerationEngine(model, pad_id=pad_id, eos_id=eos_id, vocab_size=vocab_size,
                                        max_batch_size=max_batch_size)
@@ -34,16 +40,20 @@ class RolloutWorker:
         ids, mask = batch["input_ids"], batch["attention_mask"]
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         with sequence_parallel_off(self.model):  # a training layout with SP generates without it
-            res = self.engine.generate(prompts, params)
+            res = self.engine.generate(prompts, params, tools=self.tools)
         if self.free_cache_engine:  # the next call allocates (and on GPU captures) again
             self.release()
+        model_tokens = res.response_mask
+        if res.observation_mask is not None:  # observations are context, never trained on
+            model_tokens = res.response_mask * (1 - res.observation_mask)
         out = DataProto(tensors={
             "prompts": res.prompts,
             "responses": res.responses,
-            "response_mask": res.response_mask,
+            "response_mask": model_tokens,
             "input_ids": torch.cat([res.prompts, res.responses], dim=1),
             "attention_mask": torch.cat([res.prompt_mask, res.response_mask], dim=1),
             "rollout_log_probs": res.rollout_log_probs,
+            **({} if res.tool_calls is None else {"tool_calls": res.tool_calls}),
         }, meta={"temperature": params.logprob_temperature, "rollout_n": params.n,
                  "weights_version": self.weights_version})
         rest = batch.select(tensor_keys=[k for k in batch.tensors if k not in ("input_ids", "attention_mask")],

@@ -46,19 +46,22 @@ def build_tokenizer(out_dir: str, chars: list[str] | None = None, chat_template:
 
 
 def make_problems(count: int, seed: int, exclude: set[str] | None = None,
-                  fixed_width: bool = False) -> list[tuple[str, str]]:
+                  fixed_width: bool = False, digits: int = 3, op: str = "+") -> list[tuple[str, str]]:
     """`count` distinct (prompt, answer) pairs, e.g. ("123+45=", "168"), or with fixed_width
-    ("123+045=", "0168"). The same seed draws the same operands either way."""
+    ("123+045=", "0168"; a product: "012*345=", "004140"). The same seed draws the same operands
+    either way."""
     rng = random.Random(seed)
     seen = set(exclude or ())
     out = []
+    width = 2 * digits if op == "*" else digits + 1
     while len(out) < count:
-        a, b = rng.randint(0, 999), rng.randint(0, 999)
-        prompt = f"{a:03d}+{b:03d}=" if fixed_width else f"{a}+{b}="
+        a, b = rng.randint(0, 10**digits - 1), rng.randint(0, 10**digits - 1)
+        prompt = f"{a:0{digits}d}{op}{b:0{digits}d}=" if fixed_width else f"{a}{op}{b}="
         if prompt in seen:
             continue
         seen.add(prompt)
-        out.append((prompt, f"{a + b:04d}" if fixed_width else str(a + b)))
+        value = a * b if op == "*" else a + b
+        out.append((prompt, f"{value:0{width}d}" if fixed_width else str(value)))
     return out
 
 
@@ -74,18 +77,20 @@ def to_rows(problems: list[tuple[str, str]], split: str) -> list[dict]:
 
 
 def write_dataset(out_dir: str, train_size: int, val_size: int, seed: int,
-                  fixed_width: bool = False) -> tuple[str, str]:
-    """Write train.parquet and val.parquet (disjoint prompts); return their paths."""
+                  fixed_width: bool = False, digits: int = 3, rows=to_rows, op: str = "+") -> tuple[str, str]:
+    """Write train.parquet and val.parquet (disjoint prompts); return their paths. `rows`: the
+    problems of a split -> its rows (the tool task's: tandem/tasks/calculator_tool.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     os.makedirs(out_dir, exist_ok=True)
-    val = make_problems(val_size, seed=seed + 10_000, fixed_width=fixed_width)
-    train = make_problems(train_size, seed=seed, exclude={p for p, _ in val}, fixed_width=fixed_width)
+    task = dict(fixed_width=fixed_width, digits=digits, op=op)
+    val = make_problems(val_size, seed=seed + 10_000, **task)
+    train = make_problems(train_size, seed=seed, exclude={p for p, _ in val}, **task)
     paths = []
     for name, probs in (("train", train), ("val", val)):
         path = os.path.join(out_dir, f"{name}.parquet")
-        pq.write_table(pa.Table.from_pylist(to_rows(probs, name)), path + ".tmp")
+        pq.write_table(pa.Table.from_pylist(rows(probs, name)), path + ".tmp")
         os.replace(path + ".tmp", path)
         paths.append(path)
     return paths[0], paths[1]

@@ -1,5 +1,6 @@
 """The generation engine at TP=2 over gloo (2 processes): greedy equals full recompute,
-both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights.
+both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights; also
+multi-turn rows whose tool answers each rank at its own pace (the ranks must still plan alike).
 
 This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK tcp://HOST:PORT OUT_DIR`.
 """
@@ -24,16 +25,49 @@ def build(tp):
     return build_gpt_model(shape, tp=tp).eval()
 
 
-def generate(model):
+class RankPacedTool:
+    """Answers every call with one token, after a delay that differs by rank and call."""
+
+    def __init__(self, rank):
+        self.rank, self.calls = rank, 0
+
+    async def call(self, calls):
+        import asyncio
+
+        from tandem.tools.calls import ToolResult
+
+        self.calls += 1
+        await asyncio.sleep(0.02 * ((self.calls + self.rank) % 3))
+        return [ToolResult("ok", True) for _ in calls]
+
+
+class OneTokenAnswers:
+    end_id = 3  # a token this model writes often
+
+    def parse(self, turn):
+        from tandem.tools.calls import ToolCall
+
+        return [ToolCall("t", {})]
+
+    def observation(self, results):
+        return [20, 21]
+
+
+def generate(model, rank=0):
     from tandem.generation.engine import GenerationEngine
+    from tandem.generation.multi_turn import MultiTurn
     from tandem.generation.sampling import SamplingParams
 
     e = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=4)
     greedy = e.generate(PROMPTS, SamplingParams(max_new_tokens=8, greedy=True))
     sampled = e.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0.8, top_k=6, n=2, seed=4))
+    multi = e.generate(PROMPTS, SamplingParams(max_new_tokens=12, greedy=True),
+                       tools=MultiTurn(RankPacedTool(rank), OneTokenAnswers(), max_assistant_turns=3))
+    assert multi.tool_calls.sum() >= 2, "the test needs rows that call the tool"
     return {"greedy": greedy.responses, "greedy_mask": greedy.response_mask,
             "greedy_lp": greedy.rollout_log_probs, "sampled": sampled.responses,
-            "sampled_lp": sampled.rollout_log_probs}
+            "sampled_lp": sampled.rollout_log_probs, "multi": multi.responses,
+            "multi_observed": multi.observation_mask}
 
 
 def main() -> int:
@@ -44,7 +78,7 @@ def main() -> int:
 
     init_distributed(ParallelConfig(tp=2), rank, 2, init_method, seed=1)
     model = build(tp=2)
-    out = generate(model)
+    out = generate(model, rank)
     with torch.no_grad():  # greedy vs full recompute, at TP=2
         for i, p in enumerate(PROMPTS):
             seq = list(p)
@@ -69,6 +103,7 @@ def test_generation_tp2_matches_recompute_and_tp1(megatron_dist, tmp_path, run_r
         assert torch.equal(r0[key], r1[key]), f"ranks disagree on {key}"
     tp1 = generate(build(tp=1))
     assert torch.equal(tp1["greedy"], r0["greedy"]) and torch.equal(tp1["sampled"], r0["sampled"])
+    assert torch.equal(tp1["multi"], r0["multi"]) and torch.equal(tp1["multi_observed"], r0["multi_observed"])
     torch.testing.assert_close(tp1["sampled_lp"], r0["sampled_lp"], atol=1e-5, rtol=0)
 
 

@@ -140,3 +140,23 @@ def test_all_prompts_that_fit_are_admitted_at_once():
     assert len(plans[0].admit) == 256 and all(not p.admit for p in plans[1:])
     assert len(plans) == 32 and {p.batch for p in plans} == {256}
     assert [p.kv_len for p in plans[::8]] == [640, 768, 896, 1024]
+
+
+def test_a_paused_row_keeps_its_slot_out_of_the_plans_until_it_resumes():
+    """Multi-turn: a row waiting on a tool holds its slot (no admission into it, no decode for it);
+    with nothing else to run the scheduler is stalled; resumed, it decodes from its new position."""
+    sched = Scheduler([3, 2], n=1, max_new_tokens=10, num_slots=2, max_len=16)
+    plan = sched.schedule()
+    assert [a.slots for a in plan.admit] == [(0,), (1,)]
+    sched.update(plan, [False, True], paused=frozenset({0}))  # row 0 stopped on a tool call
+    assert sched.busy_rows() == {1: 1} and not sched.stalled
+    plan = sched.schedule()
+    assert plan.admit == () and plan.batch == 2
+    assert sched.update(plan, [False, False]) == [1]  # row 1 finished; row 0 still waits
+    assert sched.stalled and not sched.done
+    assert sched.resume(0, next_index=5, alive=True) == []  # call + observation: 4 tokens after index 1
+    assert not sched.stalled and sched.busy_rows() == {0: 0}
+    plan = sched.schedule()
+    assert plan.decode_steps == 1  # sync_every
+    assert (sched._busy[0].position, sched._busy[0].steps_left) == (3 + 5, 10 - 1 - 5)
+    assert sched.update(plan, [False, False]) == [0] and sched.done

@@ -21,3 +21,11 @@ def score_exact_match(
 ) -> list[float | None]:
     """1.0 where the stripped response equals the stripped ground truth, else 0.0."""
     return [1.0 if r.strip() == g.strip() else 0.0 for r, g in zip(responses, ground_truths, strict=True)]
+
+
+def score_final_answer(
+    responses: list[str], ground_truths: list[str], **kw: Any
+) -> list[float | None]:
+    """The built-in tool task (tandem/tasks/calculator_tool.py): exact match of what follows the last
+    tool observation, `[a+b]{sum}ANSWER` -> ANSWER (a row without a call is scored whole)."""
+    return score_exact_match([r.rsplit("}", 1)[-1] for r in responses], ground_truths)

@@ -17,7 +17,7 @@ from tandem.config.checks.parallel import check_parallel
 from tandem.config.checks.placement import check_placement
 from tandem.config.checks.profile import check_profile
 from tandem.config.checks.reward import check_custom_reward_function, check_reward_calls, check_reward_model
-from tandem.config.checks.rollout import check_rollout, check_val_kwargs
+from tandem.config.checks.rollout import check_multi_turn, check_rollout, check_val_kwargs
 from tandem.config.checks.services import check_services
 from tandem.config.checks.trainer import check_data, check_loggers, check_sft, check_trainer
 from tandem.config.checks.weight_plane import check_devices, check_standalone_rollout
@@ -29,8 +29,8 @@ from tandem.config.schema import TandemConfig
 # runs; a service on another machine loads the same config without them).
 # The order decides which error a config with several gets (it is the order of the checks before the
 # split into topics); a check may rely on the ones before it (rollout.n >= 1, parallel degrees >= 1).
-CHECKS = (check_algorithm, check_rollout, check_data, check_actor, check_parallel, check_trainer, check_dapo,
-          check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
+CHECKS = (check_algorithm, check_rollout, check_multi_turn, check_data, check_actor, check_parallel, check_trainer,
+          check_dapo, check_val_kwargs, check_tis, check_loggers, check_model, check_services, check_reward_calls,
           check_reward_model, check_custom_reward_function, check_placement, check_standalone_rollout, check_devices,
           check_model_files, check_sft, check_async_training, check_profile, check_memory,
           check_micro_batches, check_lr_schedules)

@@ -24,6 +24,24 @@ def check_rollout(cfg: TandemConfig) -> None:
     check(0 < r.top_p <= 1, "actor_rollout_ref.rollout.top_p", "must be in (0, 1]")
 
 
+# actor_rollout_ref.rollout.multi_turn.format: the tool-call formats tandem/rollout/tools.py builds
+TOOL_FORMATS = ("auto", "hermes", "calculator")
+
+
+def check_multi_turn(cfg: TandemConfig) -> None:
+    """actor_rollout_ref.rollout.multi_turn.*: turns, format, tool deadlines."""
+    mt, key = cfg.actor_rollout_ref.rollout.multi_turn, "actor_rollout_ref.rollout.multi_turn"
+    check(mt.max_assistant_turns is None or mt.max_assistant_turns >= 1, f"{key}.max_assistant_turns",
+          "must be >= 1 (or null)")
+    check(mt.format in TOOL_FORMATS, f"{key}.format", f"{mt.format!r}; known: {list(TOOL_FORMATS)}")
+    check(mt.max_parallel_calls >= 1, f"{key}.max_parallel_calls", "must be >= 1")
+    check(mt.max_tool_response_length >= 1, f"{key}.max_tool_response_length", "must be >= 1")
+    check(mt.tool_response_truncate_side in ("left", "right", "middle"), f"{key}.tool_response_truncate_side",
+          f"{mt.tool_response_truncate_side!r}; known: left, right, middle")
+    check(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0")
+    check(mt.tool_retries >= 0, f"{key}.tool_retries", "must be >= 0")
+
+
 def check_val_kwargs(cfg: TandemConfig) -> None:
     """actor_rollout_ref.rollout.val_kwargs: sampling for validation."""
     vk = cfg.actor_rollout_ref.rollout.val_kwargs

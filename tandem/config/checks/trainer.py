@@ -27,6 +27,7 @@ def check_data(cfg: TandemConfig) -> None:
     check(d.train_batch_size >= 1, "data.train_batch_size", "must be >= 1")
     check(d.max_response_length >= 1, "data.max_response_length", "must be >= 1")
     check(d.truncation in TRUNCATIONS, "data.truncation", f"{d.truncation!r}; known: {list(TRUNCATIONS)}")
+    check(d.builtin_task in ("add", "mul_tool"), "data.builtin_task", f"{d.builtin_task!r}; known: add, mul_tool")
 
 
 def check_trainer(cfg: TandemConfig) -> None:

@@ -1,0 +1,158 @@
+"""Multi-turn generation: a row that ends a turn with a tool call waits for the answer while the
+other rows decode on, then continues on its own KV cache.
+
+The runner stops a row on the format's `end_id` (the token closing a tool call) like on any stop
+token. `ToolTurns.pause` picks the rows that stopped there with turns and budget left, parses the
+turn's calls and issues them at once on `ToolLoop`'s event loop (a thread): every row's calls are
+one `ToolCaller.call` of their own, so a slow tool holds only the rows that called it. Each call
+has a deadline and retries; what still fails becomes an error observation (ok=False), never an
+exception or an empty answer. `ToolTurns.resume` feeds each answered row's observation tokens into
+its cache slot (turn_prefill.continue_row: the prefix is not recomputed) and hands the slot back to the
+scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled).
+
+Not here: the tool services (tandem/tools/), the wire format of a task's calls (ToolFormat
+implementations: tandem/tasks/calculator_tool.py, tandem/rollout/hermes_format.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from tandem.generation.turn_prefill import continue_row, stopped_at
+from tandem.tools.calls import ToolCall, ToolCaller, ToolResult
+
+
+class ToolFormat(Protocol):
+    """How a model writes tool calls and reads their answers, in token ids."""
+
+    end_id: int  # the token that closes a tool call: the row stops there and waits
+
+    def parse(self, turn: list[int]) -> list[ToolCall]:
+        """The calls in one model turn (its tokens, up to and including end_id); [] if none parse."""
+        ...
+
+    def observation(self, results: Sequence[ToolResult]) -> list[int]:
+        """The tokens appended after the call: the answers as the model will read them."""
+        ...
+
+
+@dataclass
+class MultiTurn:
+    """Multi-turn settings of one generate() call (verl's rollout.multi_turn.* keys)."""
+    caller: ToolCaller
+    format: ToolFormat
+    max_assistant_turns: int | None = None  # model turns per row, the last cannot call a tool (None: no limit)
+    timeout_s: float = 30.0  # per attempt of a row's calls
+    retries: int = 1  # attempts after a timeout or an exception (an ok=False answer is final)
+    max_tool_response_length: int = 256  # characters of each answer's text kept (verl's key)
+    truncate_side: str = "middle"  # left | right | middle: which part of a long answer is kept
+
+    def __post_init__(self):
+        if self.max_assistant_turns is not None and self.max_assistant_turns < 1:
+            raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
+        if self.truncate_side not in ("left", "right", "middle"):
+            raise ValueError(f"tool_response_truncate_side must be left, right or middle, got {self.truncate_side!r}")
+        if not self.timeout_s > 0 or self.retries < 0:
+            raise ValueError(f"tool timeout_s must be > 0 and retries >= 0, got {self.timeout_s}, {self.retries}")
+
+
+class ToolLoop:
+    """An asyncio loop on a daemon thread, for an engine's lifetime: the tool calls run there while
+    the engine's thread decodes (a gRPC caller's channel stays on this one loop)."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="tool-calls", daemon=True)
+        self._thread.start()
+
+    def submit(self, coro) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    if len(text) <= limit:
+        return text
+    if side == "left":  # verl: keep the end
+        return "..." + text[-limit:]
+    if side == "right":
+        return text[:limit] + "..."
+    half = limit // 2
+    return text[:half] + "..." + text[len(text) - (limit - half):]
+
+
+async def answer(mt: MultiTurn, calls: list[ToolCall]) -> list[ToolResult]:
+    """One result per call, whatever happens: parse failures, timeouts, exceptions and wrong result
+    counts become error results."""
+    if not calls:
+        return [ToolResult("error: no tool call could be parsed from the turn", ok=False)]
+    why = ""
+    for _ in range(mt.retries + 1):
+        try:
+            results = await asyncio.wait_for(mt.caller.call(calls), mt.timeout_s)
+        except asyncio.TimeoutError:
+            why = f"timed out after {mt.timeout_s:g} s"
+            continue
+        except Exception as e:  # noqa: BLE001 - a caller breaking its contract must not end the rollout
+            why = f"{type(e).__name__}: {e}"
+            continue
+        if len(results) != len(calls):
+            why = f"the tool caller returned {len(results)} results for {len(calls)} calls"
+            continue
+        return [ToolResult(truncate(r.text, mt.max_tool_response_length, mt.truncate_side), r.ok)
+                for r in results]
+    tries = mt.retries + 1
+    return [ToolResult(f"error: {c.name}: {why} ({tries} attempt{'s' * (tries > 1)})", ok=False)
+            for c in calls]
+
+
+class ToolTurns:
+    """The tool rounds of one generate() call: per-row turn counts and the calls in flight."""
+
+    def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int):
+        self.mt, self.loop, self.r = mt, loop, max_new_tokens
+        self.turns = [1] * rows  # model turns started
+        self.calls = [0] * rows  # tool calls issued (parsed or not)
+        self.turn_start = [0] * rows  # response index where the row's current turn began
+        self.pending: dict[int, tuple[int, int, concurrent.futures.Future]] = {}  # slot -> row, index, answer
+
+    def _maybe_call(self, slot: int, row: int, index: int, token: int | None, runner) -> bool:
+        """Issue the row's calls if it stopped on a tool call with a turn and budget left."""
+        limit = self.mt.max_assistant_turns or self.r  # a turn takes a token at least
+        if token != self.mt.format.end_id or index >= self.r - 1 or self.turns[row] >= limit:
+            return False
+        calls = self.mt.format.parse(runner.out_tok[row, self.turn_start[row]:index + 1].tolist())
+        self.calls[row] += max(1, len(calls))
+        self.pending[slot] = (row, index, self.loop.submit(answer(self.mt, calls)))
+        return True
+
+    def pause(self, runner, sched, alive: list[bool]) -> frozenset[int]:
+        """After a decode window: the stopped rows that wait on a tool now (their calls issued)."""
+        stopped = [s for s in sched.busy_rows() if not alive[s]]
+        return frozenset(s for s, (row, index, token) in zip(stopped, stopped_at(runner, stopped))
+                         if self._maybe_call(s, row, index, token, runner))
+
+    def resume(self, runner, sched, block: bool, lockstep: bool = False, poll_s: float = 0.5) -> None:
+        """Continue every row whose answer has come (with block: wait up to poll_s for one first).
+        lockstep (TP > 1: every rank of the group runs this loop): wait for every call in flight,
+        so all ranks resume the same rows at the same step and plan the same decode shapes."""
+        futures = [f for _, _, f in self.pending.values()]
+        if lockstep and futures:
+            concurrent.futures.wait(futures)
+        elif block and futures:
+            concurrent.futures.wait(futures, timeout=poll_s, return_when=concurrent.futures.FIRST_COMPLETED)
+        for slot in [s for s, (_, _, f) in self.pending.items() if f.done()]:
+            row, index, fut = self.pending.pop(slot)
+            obs = self.mt.format.observation(fut.result())
+            nxt, token, going = continue_row(runner, slot, index, obs)
+            self.turns[row] += 1
+            self.turn_start[row] = min(index + 1 + len(obs), nxt)
+            if not self._maybe_call(slot, row, nxt, token, runner):  # a turn may be a call at once
+                sched.resume(slot, nxt, going)
+
+    def cancel(self) -> None:
+        for _, _, fut in self.pending.values():
+            fut.cancel()
+        self.pending.clear()

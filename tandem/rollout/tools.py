@@ -1,0 +1,50 @@
+"""A rollout's multi-turn settings from the run's config: the one place a ToolCaller is built.
+
+`tool_caller_from_config` picks what answers the calls: the built-in in-process calculator, or the
+tool services that a verl tool-config YAML names (tandem/tools/grpc_caller.py, issue 50 part A).
+"""
+from __future__ import annotations
+
+from tandem.config.errors import ConfigError
+from tandem.config.schema import MultiTurnConfig, RolloutConfig
+from tandem.generation.multi_turn import MultiTurn, ToolFormat
+from tandem.tools.calls import ToolCaller
+
+KEY = "actor_rollout_ref.rollout.multi_turn"
+
+
+def multi_turn_from_config(rollout: RolloutConfig, tokenizer) -> MultiTurn | None:
+    """The rollout's MultiTurn (None: single-turn generation)."""
+    mt = rollout.multi_turn
+    if not mt.enable:
+        return None
+    return MultiTurn(tool_caller_from_config(mt), tool_format(mt, tokenizer),
+                     max_assistant_turns=mt.max_assistant_turns, timeout_s=mt.tool_timeout_s,
+                     retries=mt.tool_retries, max_tool_response_length=mt.max_tool_response_length,
+                     truncate_side=mt.tool_response_truncate_side)
+
+
+def tool_caller_from_config(mt: MultiTurnConfig) -> ToolCaller:
+    if mt.tool_config_path is None:
+        from tandem.tasks.calculator_tool import CalculatorCaller
+
+        return CalculatorCaller()
+    # tool services over gRPC (issue 50 part A): its caller is built here from verl's tool-config YAML
+    raise ConfigError(f"{KEY}.tool_config_path: tool services need tandem/tools/grpc_caller.py, which this "
+                      "build does not have yet; leave the key null for the built-in calculator")
+
+
+def tool_format(mt: MultiTurnConfig, tokenizer) -> ToolFormat:
+    """format=auto: hermes when the tokenizer has a <tool_call> token, else the built-in calculator's."""
+    from tandem.rollout.hermes_format import HermesFormat
+    from tandem.tasks.calculator_tool import CalculatorFormat
+
+    name = mt.format
+    if name == "auto":
+        name = "hermes" if "</tool_call>" in tokenizer.get_vocab() else "calculator"
+    try:
+        if name == "hermes":
+            return HermesFormat(tokenizer, mt.max_parallel_calls)
+        return CalculatorFormat(tokenizer)
+    except ValueError as e:
+        raise ConfigError(f"{KEY}.format={mt.format}: {e}") from None

@@ -1,0 +1,150 @@
+"""Multi-turn generation: rows stop on a tool call, get the observation appended into the same KV
+cache and decode on. The tokens equal a from-scratch recompute of the whole sequence; failures and
+timeouts become observations; a slow tool holds only its own row."""
+import asyncio
+import time
+
+import pytest
+import test_generation_engine as base
+import torch
+
+from tandem.generation.engine import GenerationEngine
+from tandem.generation.multi_turn import MultiTurn
+from tandem.generation.sampling import SamplingParams
+from tandem.models.forward import forward_logits
+from tandem.tools.calls import ToolCall, ToolResult
+
+VOCAB, PAD, EOS, PROMPTS, ROW_LOG_PROB_TOL = base.VOCAB, base.PAD, base.EOS, base.PROMPTS, base.ROW_LOG_PROB_TOL
+model = base.model  # the same tiny megatron model fixture
+OK_TOKENS, ERR_TOKEN = [20, 21, 22], 23
+R = 24
+
+
+@pytest.fixture(scope="module")
+def end_id(model):
+    """A token the model writes often mid-response: it plays the tool call's closing token."""
+    res = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB).generate(
+        PROMPTS, SamplingParams(max_new_tokens=R, greedy=True))
+    body = res.responses[:, :R // 2][res.response_mask[:, :R // 2].bool()]
+    counts = torch.bincount(body, minlength=VOCAB)
+    counts[[EOS, PAD, ERR_TOKEN, *OK_TOKENS]] = 0
+    return int(counts.argmax())
+
+
+class Format:
+    """Each turn is one call; the observation is OK_TOKENS, or ERR_TOKEN for a failed call."""
+
+    def __init__(self, end_id):
+        self.end_id = end_id
+        self.seen: list[ToolResult] = []
+
+    def parse(self, turn):
+        return [ToolCall("echo", {"turn": turn})]
+
+    def observation(self, results):
+        self.seen += results
+        return [t for r in results for t in (OK_TOKENS if r.ok else [ERR_TOKEN])]
+
+
+class Echo:
+    async def call(self, calls):
+        return [ToolResult("ok", True) for _ in calls]
+
+
+class Raises:
+    def __init__(self):
+        self.attempts = 0
+
+    async def call(self, calls):
+        self.attempts += 1
+        raise RuntimeError("tool service down")
+
+
+class Hangs:
+    async def call(self, calls):
+        await asyncio.sleep(3600)
+
+
+class SlowFirst:
+    """Holds the first call until no other row is decoding (or 60 s: then says so)."""
+
+    def __init__(self, engine):
+        self.engine, self.first = engine, True
+
+    async def call(self, calls):
+        if self.first:
+            self.first = False
+            deadline = time.monotonic() + 60
+            while bool(self.engine.runner.alive.any()):
+                if time.monotonic() > deadline:
+                    return [ToolResult("stalled", False) for _ in calls]
+                await asyncio.sleep(0.005)
+        return [ToolResult("ok", True) for _ in calls]
+
+
+def generate(model, caller, end_id, engine=None, **kw):
+    engine = engine or GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
+    fmt = Format(end_id)
+    mt = MultiTurn(caller, fmt, **{"max_assistant_turns": 3, **kw})
+    res = engine.generate(PROMPTS, SamplingParams(max_new_tokens=R, greedy=True), tools=mt)
+    return res, fmt, engine
+
+
+def test_observations_continue_on_the_cached_prefix(model, end_id):
+    """Greedy multi-turn rows: every model token is the argmax of a from-scratch forward of the
+    whole sequence (observations included) and its log-prob matches; only the prompts, the call
+    tokens and the observations went through the model outside decode (no prefix recompute)."""
+    res, fmt, engine = generate(model, Echo(), end_id)
+    obs = res.observation_mask.bool()
+    assert res.tool_calls.sum() >= 3 and obs.any(), "the test needs rows that call the tool"
+    assert all(r.ok for r in fmt.seen)
+    assert (res.rollout_log_probs[obs] == 0).all()
+    width = res.prompts.shape[1]
+    for i in range(len(PROMPTS)):
+        n = int(res.response_mask[i].sum())
+        seq = torch.cat([res.prompts[i][res.prompt_mask[i].bool()], res.responses[i, :n]])
+        logits = forward_logits(model, seq[None], torch.ones_like(seq)[None])[0].float()
+        start = len(PROMPTS[i])
+        for j in range(n):
+            if obs[i, j]:
+                assert res.responses[i, j] in OK_TOKENS
+                continue
+            pred = logits[start + j - 1]
+            assert int(pred.argmax()) == int(res.responses[i, j]), (i, j)
+            lp = torch.log_softmax(pred, -1)[res.responses[i, j]]
+            assert abs(float(lp) - float(res.rollout_log_probs[i, j])) < ROW_LOG_PROB_TOL
+        assert width >= start
+    fed = sum(len(p) for p in PROMPTS) + int(res.tool_calls.sum()) + int(obs.sum())
+    assert engine.runner.fed_tokens <= fed  # observations cut at the budget feed fewer
+
+
+def test_the_turn_limit_holds(model, end_id):
+    res, _, _ = generate(model, Echo(), end_id, max_assistant_turns=2)
+    assert res.tool_calls.max() <= 1
+    single, _, _ = generate(model, Echo(), end_id, max_assistant_turns=1)
+    assert single.tool_calls.sum() == 0 and not single.observation_mask.any()
+
+
+def test_failures_and_timeouts_become_observations(model, end_id):
+    raises = Raises()
+    res, fmt, _ = generate(model, raises, end_id, retries=2)
+    calls = int(res.tool_calls.sum())
+    assert calls >= 3 and raises.attempts == 3 * calls
+    assert all(not r.ok and "RuntimeError: tool service down (3 attempts)" in r.text for r in fmt.seen)
+    assert set(res.responses[res.observation_mask.bool()].tolist()) == {ERR_TOKEN}
+
+    res, fmt, _ = generate(model, Hangs(), end_id, timeout_s=0.05, retries=0)
+    assert len(fmt.seen) == int(res.tool_calls.sum()) >= 3
+    assert all(not r.ok and "timed out after 0.05 s" in r.text for r in fmt.seen)
+    assert set(res.responses[res.observation_mask.bool()].tolist()) == {ERR_TOKEN}
+
+
+def test_a_slow_tool_holds_only_its_row(model, end_id):
+    """The first call is answered only once no other row decodes: the others went on meanwhile,
+    and every row is the one an instant tool gives."""
+    fast, _, _ = generate(model, Echo(), end_id)
+    engine = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
+    slow, fmt, _ = generate(model, SlowFirst(engine), end_id, engine=engine)
+    assert all(r.ok for r in fmt.seen), "the slow call stalled the other rows"
+    assert torch.equal(slow.responses, fast.responses)
+    assert torch.equal(slow.observation_mask, fast.observation_mask)
