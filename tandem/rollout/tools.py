@@ -1,7 +1,7 @@
 """A rollout's multi-turn settings from the run's config: the one place a ToolCaller is built.
 
 `tool_caller_from_config` picks what answers the calls: the built-in in-process calculator, or the
-tool services that a verl tool-config YAML names (tandem/tools/grpc_caller.py, issue 50 part A).
+tool services that a verl tool-config YAML names (tandem/tools/grpc_caller.py, over gRPC).
 """
 from __future__ import annotations
 
@@ -29,9 +29,16 @@ def tool_caller_from_config(mt: MultiTurnConfig) -> ToolCaller:
         from tandem.tasks.calculator_tool import CalculatorCaller
 
         return CalculatorCaller()
-    # tool services over gRPC (issue 50 part A): its caller is built here from verl's tool-config YAML
-    raise ConfigError(f"{KEY}.tool_config_path: tool services need tandem/tools/grpc_caller.py, which this "
-                      "build does not have yet; leave the key null for the built-in calculator")
+    from tandem.tools.grpc_caller import GrpcToolCaller
+    from tandem.tools.tool_config import ToolConfigError, load_tool_config
+
+    try:
+        tools = load_tool_config(mt.tool_config_path)
+    except ToolConfigError as e:
+        raise ConfigError(f"{KEY}.tool_config_path: {e}") from None
+    # its channels open in the engine's tool loop (ToolLoop) on first use; MultiTurn's deadline bounds each
+    # attempt, the caller retries a service that is not up yet within it
+    return GrpcToolCaller.from_tool_config(tools, timeout_s=mt.tool_timeout_s, max_retries=mt.tool_retries)
 
 
 def tool_format(mt: MultiTurnConfig, tokenizer) -> ToolFormat:

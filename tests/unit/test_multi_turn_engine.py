@@ -2,6 +2,7 @@
 cache and decode on. The tokens equal a from-scratch recompute of the whole sequence; failures and
 timeouts become observations; a slow tool holds only its own row."""
 import asyncio
+import sys
 import time
 
 import pytest
@@ -148,3 +149,47 @@ def test_a_slow_tool_holds_only_its_row(model, end_id):
     assert all(r.ok for r in fmt.seen), "the slow call stalled the other rows"
     assert torch.equal(slow.responses, fast.responses)
     assert torch.equal(slow.observation_mask, fast.observation_mask)
+
+
+class CalculatorCalls(Format):
+    """Calls of the example server's calculator, alternating: a product it answers, one it cannot parse."""
+
+    def __init__(self, end_id):
+        super().__init__(end_id)
+        self.sent: list[str] = []
+
+    def parse(self, turn):
+        self.sent.append("123456789*987654321" if len(self.sent) % 2 == 0 else "2*")
+        return [ToolCall("calculator", {"expression": self.sent[-1]})]
+
+
+def test_tool_services_named_by_a_verl_tool_config_answer(model, end_id, tmp_path):
+    """multi_turn.tool_config_path: the engine's calls go over gRPC to the example calculator in its own
+    process, at the endpoint verl's tool-config YAML names; its answers and its errors come back."""
+    from server_process import server_process
+
+    from tandem.config import load_config
+    from tandem.rollout.tools import tool_caller_from_config
+
+    cmd = [sys.executable, "-m", "tandem.services.tools.examples.server", "--port-file", str(tmp_path / "port")]
+    with server_process(cmd, tmp_path / "port") as endpoint:
+        (tmp_path / "tools.yaml").write_text(f"""tools:
+  - class_name: tandem.calculator
+    config: {{endpoint: "{endpoint}"}}
+    tool_schema:
+      type: function
+      function:
+        name: calculator
+        parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}
+""")
+        mt_cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true",
+                                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}"]
+                             ).actor_rollout_ref.rollout.multi_turn
+        engine = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
+        fmt = CalculatorCalls(end_id)
+        mt = MultiTurn(tool_caller_from_config(mt_cfg), fmt, max_assistant_turns=3)
+        res = engine.generate(PROMPTS, SamplingParams(max_new_tokens=R, greedy=True), tools=mt)
+    assert int(res.tool_calls.sum()) == len(fmt.seen) == len(fmt.sent) >= 2
+    answers = {"123456789*987654321": ToolResult("121932631112635269", True),
+               "2*": ToolResult("calculator: expected a number, got the end in '2*'", False)}
+    assert sorted(fmt.seen, key=str) == sorted((answers[e] for e in fmt.sent), key=str), (fmt.sent, fmt.seen)
