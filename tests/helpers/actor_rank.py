@@ -1,6 +1,6 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
-usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
+usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--cp N] [--sp]
                              [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...]
                              [--grouped] [--own-prompts]
 
@@ -58,6 +58,7 @@ def parse_args():
         p.add_argument(name)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--cp", type=int, default=1)
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
@@ -77,11 +78,14 @@ def actor_config(a):
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={a.pp}",
         f"actor_rollout_ref.actor.megatron.sequence_parallel={a.sp}",
         f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={a.ep}",
+        f"actor_rollout_ref.actor.megatron.context_parallel_size={a.cp}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set, *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+    if a.cp > 1:  # the checked config wants a generation layout for CP > 1: a TP=1 copy per rank
+        overrides.append("actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     if a.pp == 1:
         return load_config(None, overrides)
     # the run-level check wants a generation layout for PP > 1; the actor alone runs it
