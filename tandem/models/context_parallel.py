@@ -58,21 +58,29 @@ class ContextSplit:
         self.segments = segments  # [N] shared-prompt segments (0: prompt, k: k-th response) or None
         # the gathered [cp x local] rows in packed order
         self.order = self.owner * self.local_len + self.slot
+        self._masks = {}  # every layer attends with the same masks: one copy, not one per layer
 
     def bounds(self) -> list[tuple[int, int]]:
         """This rank's chunks as packed-index ranges [a, b)."""
         return [(int(c * self.chunk), int((c + 1) * self.chunk)) for c in (self.rank, 2 * self.cp - 1 - self.rank)]
 
-    def mask(self, a: int, b: int, device) -> tuple[int, torch.Tensor]:
-        """(first key, [b-a, b-first] bool mask, True = attend) of the queries a..b-1 over keys first..b-1:
-        same sequence, causal, and a response token sees its group's prompt and its own response only."""
+    def mask(self, a: int, b: int, like: torch.Tensor) -> tuple[int, torch.Tensor]:
+        """(first key, [b-a, b-first] additive mask in like's dtype: 0 = attend, -inf = not) of the
+        queries a..b-1 over keys first..b-1: same sequence, causal, and a response token sees its
+        group's prompt and its own response only. Additive, not bool: SDPA would turn a bool mask into
+        a float copy in every layer and keep each for backward (4x the bytes, times the layers)."""
+        key = (a, b, like.device, like.dtype)
+        if key in self._masks:
+            return self._masks[key]
         first = int(self.seq_start[a])
         q, k = torch.arange(a, b), torch.arange(first, b)
         allowed = (self.seq[q][:, None] == self.seq[k][None]) & (k[None] <= q[:, None])
         if self.segments is not None:
             sq, sk = self.segments[q][:, None], self.segments[k][None]
             allowed &= (sk == 0) | (sk == sq)
-        return first, allowed.to(device)
+        additive = torch.zeros(allowed.shape, dtype=like.dtype).masked_fill_(~allowed, float("-inf"))
+        self._masks[key] = first, additive.to(like.device)
+        return self._masks[key]
 
     def kept_local(self, kept: torch.Tensor) -> torch.Tensor:
         """The local slots of the kept packed positions this rank holds, in kept order."""
@@ -158,7 +166,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: ContextS
     k_all, v_all = (_GatherKV.apply(t, order, local) for t in (k, v))  # [N, groups, d]
     outs = []
     for i, (a, b) in enumerate(split.bounds()):
-        first, mask = split.mask(a, b, dev)
+        first, mask = split.mask(a, b, q)
         qc = q[i * split.chunk:(i + 1) * split.chunk].transpose(0, 1)[None]  # [1, heads, c, d]
         kc, vc = (t[first:b].transpose(0, 1)[None] for t in (k_all, v_all))
         out = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, scale=scale, enable_gqa=gqa)

@@ -92,8 +92,6 @@ def actor_config(a):
                                                                 ("context", a.cp))],
         f"critic.megatron.sequence_parallel={a.sp}", f"services.critic.world_size={a.world}",
         "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
-    if a.cp > 1:  # the checked config wants a generation layout for CP > 1: a TP=1 copy per rank
-        overrides.append("actor_rollout_ref.rollout.tensor_model_parallel_size=1")
     if a.pp == 1:
         return load_config(None, overrides)
     # the run-level check wants a generation layout for PP > 1; the actor alone runs it

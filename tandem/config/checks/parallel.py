@@ -83,11 +83,6 @@ def _check_generation(cfg: TandemConfig) -> None:
           f"{rollout_tp}: a colocated rollout generates at the actor's TP ({actor_tp}, null) or at 1 "
           "(a TP=1 copy on every rank)")
     check(cfg.services.rollout.world_size >= 1, "services.rollout.world_size", "must be >= 1")
-    cp = a.actor.megatron.context_parallel_size
-    check(cp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,
-          "actor_rollout_ref.rollout.tensor_model_parallel_size",
-          f"{rollout_tp} with actor context_parallel_size={cp}: generation does not split sequences over "
-          "context-parallel ranks; set 1 (a whole TP=1 copy on every rank) or rollout.mode=standalone")
     pp = a.actor.megatron.pipeline_model_parallel_size
     check(pp == 1 or a.rollout.mode == "standalone" or rollout_tp == 1,
           "actor_rollout_ref.rollout.tensor_model_parallel_size",
