@@ -7,6 +7,8 @@ padded layout through tandem.models.packing.take_positions: `loss` is the micro-
 over its `units` (tokens or rows, per the loss_agg_mode). The schedule backpropagates
 loss x units; finalize_model_grads sums units over micro-batches and DP ranks and
 divides the gradients by it, so the mini-batch's gradient is exact at any split.
+At context parallelism > 1 each rank runs its share of every packed micro-batch and the
+output comes back whole (tandem/models/context_parallel.py).
 Metrics come back weighted by units (sums), for the caller to normalise; scalar metrics
 may be device tensors (read back once, by the caller), so the schedule never waits for the GPU.
 """
