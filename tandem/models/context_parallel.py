@@ -142,19 +142,23 @@ class _GatherRows(torch.autograd.Function):
 def gather_output(output: torch.Tensor, split: ContextSplit, kept: torch.Tensor | None) -> torch.Tensor:
     """The last stage's [1, n_local, ...] output -> [1, n, ...] in the CP=1 order: every packed token's
     (kept None) or the kept positions' in kept order."""
-    if kept is None:
-        order, width = split.order, split.local_len
-    else:
-        owner = split.owner[kept]
-        counts = torch.bincount(owner, minlength=split.cp)
-        width = max(int(counts.max()), 1)
-        # the j-th kept position is its owner's k-th local row, k = how many of the owner's came before
-        rank_index = torch.zeros_like(owner)
-        for r in range(split.cp):
-            mine = owner == r
-            rank_index[mine] = torch.arange(int(mine.sum()))
-        order = owner * width + rank_index
+    order, width = gather_order(split, kept)
     return _GatherRows.apply(output[0], order.to(output.device), width, split.rank)[None]
+
+
+def gather_order(split: ContextSplit, kept: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+    """(order, width): every rank's output rows padded to `width` and stacked in rank order, then
+    taken at `order`, are the CP=1 output rows."""
+    if kept is None:
+        return split.order, split.local_len
+    owner = split.owner[kept]
+    width = max(int(torch.bincount(owner, minlength=split.cp).max()), 1)
+    # the j-th kept position is its owner's k-th local row, k = how many of the owner's came before
+    rank_index = torch.zeros_like(owner)
+    for r in range(split.cp):
+        mine = owner == r
+        rank_index[mine] = torch.arange(int(mine.sum()))
+    return owner * width + rank_index, width
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, split: ContextSplit, scale: float,
