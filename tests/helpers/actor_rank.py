@@ -87,11 +87,12 @@ def actor_config(a):
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
-        "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set,
-        *[f"critic.megatron.{k}_parallel_size={v}" for k, v in (("tensor_model", a.tp), ("pipeline_model", a.pp),
-                                                                ("context", a.cp))],
-        f"critic.megatron.sequence_parallel={a.sp}", f"services.critic.world_size={a.world}",
-        "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3", *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+        "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set, *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+    if a.critic:  # the critic at the actor's layout (the same megatron parallel_state)
+        overrides += [*(f"critic.megatron.{k}_parallel_size={v}" for k, v in (
+            ("tensor_model", a.tp), ("pipeline_model", a.pp), ("context", a.cp))),
+            f"critic.megatron.sequence_parallel={a.sp}", f"services.critic.world_size={a.world}",
+            "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3"]
     if a.pp == 1:
         return load_config(None, overrides)
     # the run-level check wants a generation layout for PP > 1; the actor alone runs it
