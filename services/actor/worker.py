@@ -182,7 +182,8 @@ class ActorWorker:
 
         mcfg = self.actor_cfg.megatron
         ep = mcfg.expert_model_parallel_size
-        if ps.get_data_parallel_rank() != 0 and ep == 1:  # every DP replica holds the same weights
+        dp_cp_rank = ps.get_data_parallel_rank(with_context_parallel=True)
+        if dp_cp_rank != 0 and ep == 1:  # every DP (and CP) replica holds the same weights
             return None  # (at EP > 1 the other DP ranks hold the other experts: every rank gathers)
         if mcfg.tensor_model_parallel_size == 1 and ep == 1 and mcfg.pipeline_model_parallel_size == 1:
             params = dict(self.policy.named_parameters())
@@ -191,7 +192,7 @@ class ActorWorker:
             from tandem.convert.reshard import tp1_weights
 
             weights = tp1_weights(self.policy, self.shape)
-        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
+        if ps.get_tensor_model_parallel_rank() != 0 or dp_cp_rank != 0:
             return None
         return weights
 

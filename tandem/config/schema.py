@@ -59,7 +59,10 @@ class OptimConfig:
 
 @dataclass
 class MegatronConfig:
-    tensor_model_parallel_size: int = 1  # TP; DP = services.<role>.world_size / (TP x PP)
+    tensor_model_parallel_size: int = 1  # TP; DP = services.<role>.world_size / (TP x PP x CP)
+    # CP: each packed micro-batch's tokens split over CP ranks (zig-zag chunks; keys and values all-gathered
+    # per layer): long rows' activations shrink by CP (docs/parallelism.md)
+    context_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1  # megatron-core's pipeline schedules (gloo p2p on CPU)
     use_distributed_optimizer: bool = False  # shard optimizer state over DP (megatron-core)
     sequence_parallel: bool = True  # split norms/activations along the sequence over TP (only at TP > 1)

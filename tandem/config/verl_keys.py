@@ -223,7 +223,6 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.ref.megatron.optimizer_offload", "the reference has no optimizer (its weights: "
            "actor_rollout_ref.ref.megatron.param_offload)"),
     refused("*.megatron.virtual_pipeline_model_parallel_size", "interleaved pipeline schedules are not offered"),
-    refused("*.megatron.context_parallel_size", "context parallelism is not offered"),
     mapped("*.megatron.use_dist_checkpointing", DIST_CKPT), mapped("*.megatron.dist_checkpointing_*", DIST_CKPT),
     refused("*.megatron.override_ddp_config*", "DDP is fixed: fp32 gradient reduction, per-token loss units"),
     refused("*.megatron.override_mcore_model_config*", "the model's shape comes from its config.json"),
@@ -239,6 +238,8 @@ RULES: tuple[Rule, ...] = (
         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size", REF)),
     mapped("actor_rollout_ref.ref.megatron.expert_model_parallel_size", REF, follows(
         "actor_rollout_ref.actor.megatron.expert_model_parallel_size", REF)),
+    mapped("actor_rollout_ref.ref.megatron.context_parallel_size", REF, follows(
+        "actor_rollout_ref.actor.megatron.context_parallel_size", REF)),
     mapped("actor_rollout_ref.ref.megatron.expert_tensor_parallel_size", REF, follows(
         "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size", REF)),
     mapped("actor_rollout_ref.ref.megatron.sequence_parallel", REF, follows(

@@ -45,7 +45,8 @@ def _is_writer(tp_group) -> bool:
     if tp_group is not None and torch.distributed.get_rank(tp_group) != 0:
         return False
     if parallel_state.model_parallel_is_initialized():
-        return parallel_state.get_data_parallel_rank() == 0
+        # context-parallel ranks hold the same weights too: one writer
+        return parallel_state.get_data_parallel_rank(with_context_parallel=True) == 0
     return True
 
 

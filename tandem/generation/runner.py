@@ -115,7 +115,9 @@ class ModelRunner:
                                           self.head_dim, self.dtype, dev)
             self._prefix_by_n.clear()
             s, w = num_slots, self.window
-            self.freqs = self.model.rotary_pos_emb(max_len)  # [max_len, 1, 1, rot_dim] fp32
+            # [max_len, 1, 1, rot_dim] fp32; packed_seq: every position (at context parallelism > 1
+            # megatron would keep this rank's zig-zag share; generation runs whole sequences)
+            self.freqs = self.model.rotary_pos_emb(max_len, packed_seq=True)
             # megatron's RoPE: cos/sin of the fp32 angles, cast to the model dtype
             self.cos = torch.cos(self.freqs).to(self.dtype).view(max_len, -1)
             self.sin = torch.sin(self.freqs).to(self.dtype).view(max_len, -1)

@@ -14,7 +14,8 @@ Packed batches (megatron's THD format, tandem/models/packing.py): q, k, v come a
 torch's varlen flash attention (fp16 / bf16; shared-prompt packings: two calls merged,
 tandem/models/shared_prompt_attention.py); elsewhere one causal SDPA over the
 sequences right-padded to the longest (one call per layer: a call per sequence made the CPU
-path's training steps ~2-3x slower).
+path's training steps ~2-3x slower). At context parallelism > 1: masked SDPA per local chunk over
+the keys and values gathered from every CP rank (tandem/models/context_parallel.py).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from tandem.models import context_parallel
 from tandem.models.shared_prompt_attention import shared_prompt_attention
 from tandem.models.shared_prompts import segment_mask
 
@@ -39,8 +41,6 @@ class SDPAttention(MegatronModule):
                  attention_dropout: float | None = None, softmax_scale: float | None = None,
                  cp_comm_type: str | None = None, pg_collection=None, **kwargs):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("SDPAttention does not support context parallelism")
         if pg_collection is None:
             from megatron.core.process_groups_config import ProcessGroupCollection
             pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
@@ -78,6 +78,9 @@ class SDPAttention(MegatronModule):
     def _packed(self, q, k, v, params):
         """[t, np, hn] x 3, causal within each sequence of cu_seqlens -> [t, np * hn]."""
         gqa = self.heads_per_partition != self.groups_per_partition
+        split = getattr(params, "tandem_cp", None)  # context parallelism (tandem/models/context_parallel.py)
+        if split is not None:
+            return context_parallel.attention(q, k, v, split, self.softmax_scale, gqa).reshape(q.shape[0], -1)
         segments = getattr(params, "tandem_segments", None)  # shared prompts (tandem/models/shared_prompts.py)
         flash = q.is_cuda and q.dtype in _FLASH_DTYPES and _varlen_attn is not None
         if flash and segments is None:

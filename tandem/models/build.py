@@ -112,7 +112,9 @@ def build_gpt_model(shape: ModelShape, *, head: str = "lm", tp: int = 1, pp: int
     if weights_follow:
         overrides = {"init_method": _no_init, "output_layer_init_method": _no_init, "embedding_init_method": _no_init,
                      "use_cpu_initialization": not device.has_cuda(), **(overrides or {})}
-    config = transformer_config(shape, tp=tp, pp=pp, ep=ep, params_dtype=params_dtype,
+    # context parallelism: the service's layout (parallel_state); a replica runs whole sequences
+    cp = 1 if replica else parallel_state.get_context_parallel_world_size()
+    config = transformer_config(shape, tp=tp, pp=pp, ep=ep, cp=cp, params_dtype=params_dtype,
                                 sequence_parallel=sequence_parallel and tp > 1,
                                 fused=FUSE_ON_GPU and device.has_cuda(), overrides=overrides)
     model = GPTModel(

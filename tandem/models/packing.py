@@ -60,6 +60,14 @@ class Packing:
         starts = self.cu_seqlens[:-1].long()  # one vectorised op, not an arange per sequence
         self.positions = torch.arange(self.total) - torch.repeat_interleave(starts, torch.tensor(seqlens))
         self.kept = None  # packed indices the last stage computes outputs for (None: all)
+        self.cp = None  # this rank's share under context parallelism (split_context)
+
+    def split_context(self, cp: int, rank: int) -> None:
+        """Run this rank's share of the packed tokens (tandem/models/context_parallel.py); the
+        total must be a multiple of 2 x cp (`multiple`)."""
+        from tandem.models.context_parallel import ContextSplit
+
+        self.cp = ContextSplit(self.total, cp, rank, self.cu_seqlens, getattr(self, "segments", None))
 
     def keep_responses(self, width: int) -> None:
         """Compute outputs only where they predict one of the last `width` columns' real tokens
@@ -73,8 +81,10 @@ class Packing:
         self._slot[self.kept] = torch.arange(len(self.kept))  # a repeated token: any of its equal outputs
 
     def pack(self, ids: torch.Tensor) -> torch.Tensor:
-        """[B, T] -> [1, N]: the real tokens of every row, then the filler."""
-        return ids.reshape(-1)[self.source.to(ids.device)][None]  # on ids' device (the host: no sync)
+        """[B, T] -> [1, N]: the real tokens of every row, then the filler (under context
+        parallelism: this rank's share of them)."""
+        source = self.source if self.cp is None else self.source[self.cp.local]
+        return ids.reshape(-1)[source.to(ids.device)][None]  # on ids' device (the host: no sync)
 
     def params(self, device: torch.device):
         """megatron PackedSeqParams (THD) without cu_seqlens (see the module doc); attention
@@ -88,6 +98,8 @@ class Packing:
         lens = self.cu_seqlens[1:] - self.cu_seqlens[:-1]
         seq = torch.repeat_interleave(torch.arange(len(lens)), lens)
         p.tandem_pad_index = (seq, torch.arange(self.total) - self.cu_seqlens[seq])  # CPU: moved if used
+        if self.cp is not None:
+            p.tandem_cp = self.cp
         return p
 
     def index_valid(self, first: int, width: int, predicts: bool = False):
@@ -178,7 +190,8 @@ def packed_rope(model, packing: Packing, device: torch.device):
 
         rope.forward = forward
         rope._tandem_packable = True
-    rope.tandem_positions = to_device(packing.positions, device)
+    positions = packing.positions if packing.cp is None else packing.positions[packing.cp.local]
+    rope.tandem_positions = to_device(positions, device)
     rope.tandem_max_len = packing.max_seqlen
     try:
         yield
@@ -195,7 +208,7 @@ def selected_outputs(model, packing: Packing, device: torch.device):
     if packing.kept is None or not selects_outputs(model):
         yield
         return
-    kept = to_device(packing.kept, device)
+    kept = to_device(packing.kept if packing.cp is None else packing.cp.kept_local(packing.kept), device)
     original, own = head.forward, "forward" in vars(head)
     sequence_parallel = head.sequence_parallel
 

@@ -89,7 +89,7 @@ def moe_config(moe: MoEShape | None, num_layers: int, ep: int) -> dict:
     )
 
 
-def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int = 1,
+def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
                        params_dtype: torch.dtype = torch.float32, sequence_parallel: bool = False,
                        fused: bool = False, overrides: dict | None = None):
     """fused: megatron's torch.compile'd SwiGLU and bias-dropout-add (one kernel each way
@@ -122,6 +122,7 @@ def transformer_config(shape: ModelShape, *, tp: int = 1, pp: int = 1, ep: int =
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        context_parallel_size=cp,  # the sequence split lives in Tandem's attention (models/context_parallel.py)
         sequence_parallel=sequence_parallel,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,

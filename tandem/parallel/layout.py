@@ -1,6 +1,6 @@
 """Parallel layout of one service's process group, validated once, and its initialisation.
 
-A service is a group of tp x pp x dp ranks. This module checks the layout against the
+A service is a group of tp x pp x cp x dp ranks (cp: context parallel, the sequence split). This module checks the layout against the
 world size and the model shape (with every number in the message), starts
 torch.distributed (gloo on CPU, NCCL on GPU) and megatron's parallel_state.
 """
@@ -20,15 +20,16 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     ep: int = 1  # expert parallel (MoE): experts split over ep ranks; expert TP = tp (megatron's default)
+    cp: int = 1  # context parallel: each packed micro-batch split over cp ranks (tandem/models/context_parallel.py)
 
     def dp(self, world_size: int) -> int:
-        return world_size // (self.tp * self.pp)
+        return world_size // (self.tp * self.pp * self.cp)
 
     @classmethod
     def of(cls, megatron_cfg) -> "ParallelConfig":
         """A role's layout from its config section (tandem.config.MegatronConfig)."""
         return cls(megatron_cfg.tensor_model_parallel_size, megatron_cfg.pipeline_model_parallel_size,
-                   megatron_cfg.expert_model_parallel_size)
+                   megatron_cfg.expert_model_parallel_size, megatron_cfg.context_parallel_size)
 
     def validate(self, world_size: int, num_heads: int, num_query_groups: int, num_experts: int = 0) -> None:
         """num_experts: the model's routed experts (0: dense)."""
@@ -37,6 +38,12 @@ class ParallelConfig:
             problems.append(f"tensor_model_parallel_size={self.tp} and pipeline_model_parallel_size={self.pp} must be >= 1")
         elif world_size % (self.tp * self.pp):
             problems.append(f"world size {world_size} is not divisible by tp x pp = {self.tp} x {self.pp}")
+        if self.cp < 1 or world_size % (self.tp * self.pp * self.cp):
+            problems.append(f"context_parallel_size={self.cp}: world size {world_size} is not divisible "
+                            f"by tp x pp x cp = {self.tp} x {self.pp} x {self.cp}")
+        elif self.cp > 1 and self.ep > 1:
+            problems.append(f"context_parallel_size={self.cp} with expert_model_parallel_size={self.ep} "
+                            "is not offered yet")
         if num_heads % self.tp:
             problems.append(f"num_attention_heads={num_heads} is not divisible by tp={self.tp}")
         if num_query_groups % self.tp:
@@ -81,5 +88,5 @@ def init_distributed(parallel: ParallelConfig, rank: int, world_size: int,
             world_size=world_size, timeout=datetime.timedelta(minutes=30))
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=parallel.tp, pipeline_model_parallel_size=parallel.pp,
-        expert_model_parallel_size=parallel.ep)
+        expert_model_parallel_size=parallel.ep, context_parallel_size=parallel.cp)
     device.manual_seed(seed)

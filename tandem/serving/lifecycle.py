@@ -182,7 +182,8 @@ class RunHost:
                              name="rank-watch").start()
         self.attach_group(world, parallel, self.store)
         self.external = False
-        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, pids=self.pids)
+        _log.info("ranks.started", world_size=world, tp=parallel.tp, pp=parallel.pp, ep=parallel.ep, cp=parallel.cp,
+                  pids=self.pids)
 
     def attach_group(self, world: int, parallel: ParallelConfig, store) -> None:
         """Join the ranks as rank 0 through `store` (ranks started separately: their layout stays)."""
@@ -259,7 +260,7 @@ def _exit_when_a_rank_dies(children: list[subprocess.Popen], stopping: threading
 
 def _start_rank(role: str, rank: int, world: int, parallel: ParallelConfig, master_port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", f"tandem.services.{role}", "--rank", str(rank), "--world-size", str(world),
-           "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep}"]
+           "--layout", f"{parallel.tp},{parallel.pp},{parallel.ep},{parallel.cp}"]
     env = dict(os.environ, LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port),
                **{PARENT_ENV: str(os.getpid())})
     # no preexec_fn: Python code between fork and exec in a process with gRPC's threads crashed

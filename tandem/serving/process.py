@@ -75,8 +75,7 @@ class ServiceArgs:
 
 
 def _layout(text: str) -> ParallelConfig:
-    tp, pp, ep = (int(x) for x in text.split(","))
-    return ParallelConfig(tp, pp, ep)
+    return ParallelConfig(*(int(x) for x in text.split(",")))  # tp,pp,ep[,cp]
 
 
 def _env_int(name: str) -> int | None:
@@ -110,7 +109,7 @@ def parse_args(role: str, argv=None) -> ServiceArgs:
                         "this directory (repeatable; none: no such file is imported)")
     p.add_argument("--insecure", action="store_true",
                    help="serve on an address beyond loopback (--host) without a bearer token")
-    p.add_argument("--layout", type=_layout, help=argparse.SUPPRESS)  # tp,pp,ep of a child rank 0 started
+    p.add_argument("--layout", type=_layout, help=argparse.SUPPRESS)  # tp,pp,ep,cp of a child rank 0 started
     p.add_argument("overrides", nargs="*", help="dotted config overrides, key=value (one-run mode)")
     a = p.parse_args(argv)
     if a.world_size < 1:

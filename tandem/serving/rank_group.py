@@ -2,7 +2,7 @@
 
 Rank 0 broadcasts (target, method), scatters each rank its arguments (by its DP rank, or
 per rank for `run_ranks`), every rank runs the method, and rank 0 gathers the results of
-the output ranks (TP rank 0 of the last pipeline stage), one per DP rank (every rank's
+the output ranks (TP rank 0 and CP rank 0 of the last pipeline stage), one per DP rank (every rank's
 for `run_ranks`). All of this goes over a gloo group: commands
 and batches are pickled CPU objects, small next to the model work they start. Ranks > 0
 sit in `follow()` until rank 0 sends stop. One rank is a group of one with the same code.
@@ -49,7 +49,7 @@ class RankInfo:
     dp: int
     tp: int
     pp: int
-    is_output: bool  # TP rank 0 of the last pipeline stage
+    is_output: bool  # TP rank 0 and CP rank 0 of the last pipeline stage
 
 
 class RankGroup:
@@ -62,7 +62,8 @@ class RankGroup:
         self.dp_size = ps.get_data_parallel_world_size()
         me = RankInfo(self.rank, ps.get_data_parallel_rank(), ps.get_tensor_model_parallel_rank(),
                       ps.get_pipeline_model_parallel_rank(),
-                      ps.get_tensor_model_parallel_rank() == 0 and ps.is_pipeline_last_stage())
+                      ps.get_tensor_model_parallel_rank() == 0 and ps.get_context_parallel_rank() == 0
+                      and ps.is_pipeline_last_stage())
         infos: list = [None] * self.world
         dist.all_gather_object(infos, me, group=self.group)
         self.infos: list[RankInfo] = infos

@@ -1,6 +1,6 @@
 """One rank of the actor parallel tests (launched by tests/multirank/test_actor_parallel.py).
 
-usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--sp]
+usage: python actor_rank.py RANK WORLD TP RENDEZVOUS OUT TOKENIZER [--pp N] [--ep N] [--cp N] [--sp]
                              [--init-from CKPT] [--load-from CKPT] [--set KEY=VALUE ...]
                              [--grouped] [--own-prompts]
 
@@ -12,6 +12,8 @@ the new weights as a Hugging Face export, and a checkpoint. Without
 pipeline stages, so PP layouts start from TP=1's). With --load-from it loads that
 checkpoint (saved at any layout) and only writes log-probs. Rank 0 writes OUT/result.pt.
 A failure raises (non-zero exit).
+--critic: a critic at the same layout beside the actor (CriticWorker, CriticFront): its values of the
+batch, one update (writes "values", "critic_metrics", "values_after"), a checkpoint under OUT/critic.
 --grouped: the batch's rows share prompts in pairs (the rollout's n=2 samples); --own-prompts: each row
 still runs its own copy of its prompt (the reference for the actor's prompt sharing).
 --set adds config overrides (e.g. a Hugging Face model.path);
@@ -21,6 +23,7 @@ import os
 
 import torch
 
+from tandem.data.batch import DataProto
 from tandem.process_exit import exit_process
 
 
@@ -58,6 +61,8 @@ def parse_args():
         p.add_argument(name)
     p.add_argument("--pp", type=int, default=1)
     p.add_argument("--ep", type=int, default=1)
+    p.add_argument("--cp", type=int, default=1)
+    p.add_argument("--critic", action="store_true", help="a critic beside the actor, at the same layout")
     p.add_argument("--set", action="append", default=[])
     p.add_argument("--sp", action="store_true")
     p.add_argument("--init-from")
@@ -77,11 +82,17 @@ def actor_config(a):
         f"actor_rollout_ref.actor.megatron.pipeline_model_parallel_size={a.pp}",
         f"actor_rollout_ref.actor.megatron.sequence_parallel={a.sp}",
         f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={a.ep}",
+        f"actor_rollout_ref.actor.megatron.context_parallel_size={a.cp}",
         "actor_rollout_ref.rollout.n=2", "data.train_batch_size=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",  # 2 prompts x n=2 = 4 rows per optimizer step
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
         "actor_rollout_ref.actor.optim.lr=1e-4", "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
         "actor_rollout_ref.actor.entropy_coeff=0.01", *a.set, *os.environ.get("ACTOR_RANK_OVERRIDES", "").split()]
+    if a.critic:  # the critic at the actor's layout (the same megatron parallel_state)
+        overrides += [*(f"critic.megatron.{k}_parallel_size={v}" for k, v in (
+            ("tensor_model", a.tp), ("pipeline_model", a.pp), ("context", a.cp))),
+            f"critic.megatron.sequence_parallel={a.sp}", f"services.critic.world_size={a.world}",
+            "critic.ppo_mini_batch_size=2", "critic.ppo_micro_batch_size_per_gpu=3"]
     if a.pp == 1:
         return load_config(None, overrides)
     # the run-level check wants a generation layout for PP > 1; the actor alone runs it
@@ -119,6 +130,18 @@ def exercise(actor, a, batch, advantages) -> dict:
     return result
 
 
+def exercise_critic(critic, a, batch, advantages) -> dict:
+    """Rank 0: the critic's values, one update towards made-up returns, values after; a checkpoint."""
+    if a.load_from:
+        critic.load(os.path.join(a.load_from, "critic"), trunk_only=False)
+        return {"values_after": critic.compute_values(batch)["values"]}
+    values = critic.compute_values(batch)["values"]
+    train = batch.union(DataProto(tensors={"values": values, "returns": values + advantages}))
+    metrics = critic.update_critic(train)
+    critic.save(os.path.join(a.out, "ckpt", "critic"))
+    return {"values": values, "critic_metrics": metrics, "values_after": critic.compute_values(batch)["values"]}
+
+
 def main() -> int:
     a = parse_args()
     from transformers import AutoTokenizer
@@ -136,13 +159,22 @@ def main() -> int:
     worker.share_prompts = worker.share_prompts and not a.own_prompts
     norms = [p for n, p in worker.policy.named_parameters() if "layernorm" in n]
     assert worker.policy.config.sequence_parallel == a.sp and all(p.sequence_parallel == a.sp for p in norms)
-    group = RankGroup({"actor": worker})
+    targets = {"actor": worker}
+    if a.critic:
+        from tandem.services.critic.worker import CriticWorker
+
+        targets["critic"] = CriticWorker(cfg, len(tokenizer))
+    group = RankGroup(targets)
     if not group.is_front:
         group.follow()
         return 0
     batch, advantages = fixed_batch(len(tokenizer), tokenizer.pad_token_id, a.grouped)
     try:
         result = exercise(ActorFront(group, worker), a, batch, advantages)
+        if a.critic:
+            from tandem.services.critic.front import CriticFront
+
+            result.update(exercise_critic(CriticFront(group, targets["critic"]), a, batch, advantages))
     finally:
         group.stop()
     torch.save(result, os.path.join(a.out, "result.pt"))

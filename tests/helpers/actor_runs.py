@@ -12,18 +12,20 @@ MEMORY_METRICS = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb",
 
 
 def run_actor(run_ranks, root, name: str, tokenizer_dir: str, world: int, tp: int, pp: int = 1, ep: int = 1,
-              sp: bool = False, init_from=None, load_from=None, settings=(),
-              grouped: bool = False, own_prompts: bool = False):
+              cp: int = 1, sp: bool = False, init_from=None, load_from=None, settings=(),
+              grouped: bool = False, own_prompts: bool = False, critic: bool = False):
     """One actor run of `world` gloo processes -> (rank 0's result.pt, its output directory)."""
     out = root / name
     out.mkdir()
-    args = [str(world), str(tp), local_tcp_rendezvous(), str(out), tokenizer_dir, "--pp", str(pp), "--ep", str(ep)]
+    args = [str(world), str(tp), local_tcp_rendezvous(), str(out), tokenizer_dir, "--pp", str(pp), "--ep", str(ep),
+            "--cp", str(cp)]
     args += ["--sp"] if sp else []
     args += ["--load-from", str(load_from)] if load_from else []
     args += ["--init-from", str(init_from)] if init_from else []
     args += [f"--set={s}" for s in settings]
     args += ["--grouped"] if grouped else []
     args += ["--own-prompts"] if own_prompts else []
+    args += ["--critic"] if critic else []
     run_ranks([[sys.executable, os.path.join(HERE, "actor_rank.py"), str(r), *args] for r in range(world)],
               timeout=600)
     result = torch.load(out / "result.pt")

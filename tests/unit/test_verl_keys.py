@@ -124,17 +124,17 @@ def test_verl_example_with_local_paths_loads(tmp_path):
 
 def test_refusals_say_why_and_hints_point_the_right_way():
     t = taken(reward_model__sandbox_fusion__url="http://sandbox", reward_manager__module__path="/m.py",
-              actor_rollout_ref__actor__megatron__context_parallel_size=2,
+              actor_rollout_ref__actor__megatron__virtual_pipeline_model_parallel_size=2,
               actor_rollout_ref__model__lora_rank=8)
     msgs = {o.key: o.message for o in t.outcomes}
     assert all(o.kind == REFUSED for o in t.outcomes)
     assert msgs["reward_model.sandbox_fusion.url"].startswith(
         "verl key 'reward_model.sandbox_fusion.url' is not supported by Tandem (")
     assert "custom_reward_function.path" in msgs["reward_manager.module.path"]
-    assert "context parallelism" in msgs["actor_rollout_ref.actor.megatron.context_parallel_size"]
+    assert "interleaved pipeline" in msgs["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size"]
     assert "LoRA" in msgs["actor_rollout_ref.model.lora_rank"]
     # verl's values Tandem behaves as anyway are honoured (verl's default, or an accepted value)
-    ok = taken(reward_model__enable=False, actor_rollout_ref__actor__megatron__context_parallel_size=1,
+    ok = taken(reward_model__enable=False, actor_rollout_ref__actor__megatron__context_parallel_size=2,
                trainer__val_before_train=True, actor_rollout_ref__actor__optim__optimizer="adamw")
     assert kinds(ok)[HONOURED] == 4
     # what the issue saw guessed the wrong way: now honoured or mapped, no guess

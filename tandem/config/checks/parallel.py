@@ -28,11 +28,17 @@ def check_parallel(cfg: TandemConfig) -> None:
 def _check_role(cfg: TandemConfig, role: str, key: str, m: MegatronConfig, hf: dict | None) -> None:
     """One role's layout `m` (at dotted `key`) on services.<role>.world_size ranks."""
     tp, pp, ep = m.tensor_model_parallel_size, m.pipeline_model_parallel_size, m.expert_model_parallel_size
+    cp = m.context_parallel_size
     world = getattr(cfg.services, role).world_size
     check(m.dtype in DTYPES, f"{key}.dtype", f"{m.dtype!r}; known: {sorted(DTYPES)}")
     check(tp >= 1, f"{key}.tensor_model_parallel_size", "must be >= 1")
     check(pp >= 1, f"{key}.pipeline_model_parallel_size", "must be >= 1")
     check(ep >= 1, f"{key}.expert_model_parallel_size", "must be >= 1")
+    check(cp >= 1, f"{key}.context_parallel_size", "must be >= 1")
+    check(cp == 1 or ep == 1, f"{key}.context_parallel_size",
+          f"{cp} with expert_model_parallel_size={ep}: context parallelism with experts is not offered yet")
+    check(world >= 1 and world % (tp * pp * cp) == 0, f"services.{role}.world_size",
+          f"{world} is not a multiple of tensor x pipeline x context parallel = {tp} x {pp} x {cp}")
     etp = m.expert_tensor_parallel_size
     check(etp is None or etp == tp or not num_experts(hf), f"{key}.expert_tensor_parallel_size",
           f"{etp}: Tandem splits experts over the role's tensor-parallel ranks (expert TP = "
@@ -44,7 +50,7 @@ def _check_role(cfg: TandemConfig, role: str, key: str, m: MegatronConfig, hf: d
     check(role != "actor" or pp == 1 or not num_experts(hf), f"{key}.pipeline_model_parallel_size",
           f"{pp} with a mixture-of-experts actor_rollout_ref.model.path: its Hugging Face weights import at "
           "pipeline_model_parallel_size=1 only (tandem/convert/hf_load.py); use tensor or expert parallelism")
-    dp = world // (tp * pp) if world % (tp * pp) == 0 else 1
+    dp = world // (tp * pp * cp) if world % (tp * pp * cp) == 0 else 1
     n = cfg.actor_rollout_ref.rollout.n
     section = "actor_rollout_ref.actor" if role == "actor" else "critic"
     mini = (cfg.actor_rollout_ref.actor if role == "actor" else cfg.critic).ppo_mini_batch_size
