@@ -89,9 +89,9 @@ class ComposeLauncher(Launcher):
                                       "(trainer.resume_mode=auto)")
         # Docker restarts a container that exited with an error, not one a person stopped: `docker kill`
         # and `docker stop` end its restart policy until it is started again
-        service = role if role == "reward" else f"{role} ({role}-cpu under the cpu profiles)"
-        hint = (f"a container stopped by `docker kill` or `docker stop` is not restarted: `docker compose start "
-                f"{service}`; see `docker compose logs {service}`")
+        service = role if role == "reward" else f"{role}, or {role}-cpu under the cpu profiles"
+        hint = ("a container stopped by `docker kill` or `docker stop` is not restarted: `docker compose start "
+                f"SERVICE` brings it back (SERVICE: {service}; its log: `docker compose logs SERVICE`)")
         print(f"tandem: waiting up to {self.ctx.startup_timeout_s:g}s for compose to restart the {role} service "
               f"({hint})", flush=True)
         deadline = time.monotonic() + self.ctx.startup_timeout_s
