@@ -11,9 +11,9 @@ profile that provide it. `services.<role>.endpoint` still wins (controller/launc
 Restarts: every role's container has `restart: on-failure`, so compose starts a service again when
 it exits with an error (killed, out of memory, a lost rank). `restart(role)` starts nothing either:
 it waits, up to services.startup_timeout_s, until the service answers SERVING again at its compose
-address (a container that `docker kill` or `docker stop` ended is not restarted by Docker: the wait and
-the error name `docker compose start`) (the controller calls it once the service was seen dead, so what answers is the new
-container) and returns that address; the controller then goes back to its checkpoint. A hung
+address (the controller calls it once the service was seen dead, so what answers is the new container)
+and returns that address (a container that `docker kill` or `docker stop` ended is not restarted by
+Docker: the wait and the error name `docker compose start`); the controller then goes back to its checkpoint. A hung
 service cannot be restarted from here (compose restarts only a container that exits): `restart`
 says so and the run stops with that error.
 

@@ -34,7 +34,8 @@ def test_compose_up_learns_survives_a_crash_and_leaves_nothing(capsys, tmp_path)
     assert re.search(r"^smoke: image tandem:cpu \d+\.\d+ GB$", out, re.M)
     assert re.search(r"^smoke: up \d+s \(services healthy\)$", out, re.M)
     assert re.search(r"^smoke: run \(controller exit 0\)", out, re.M)
-    acc = re.search(r"after SFT (\d\.\d+) \((\d+) steps\), after RL (\d\.\d+) \(gain [-+]\d\.\d+; restarts (\d+)\)", out)
+    acc = re.search(r"after SFT (\d\.\d+) \((\d+) steps\), after RL (\d\.\d+) \(gain [-+]\d\.\d+; "
+                    r"restarts (\d+)\)", out)
     assert acc, out
     sft, rl, restarts = float(acc.group(1)), float(acc.group(3)), int(acc.group(4))
     assert sft > 0 and rl > sft  # the warm start answers some, and RL improves on it
