@@ -11,8 +11,9 @@ profile that provide it. `services.<role>.endpoint` still wins (controller/launc
 Restarts: every role's container has `restart: on-failure`, so compose starts a service again when
 it exits with an error (killed, out of memory, a lost rank). `restart(role)` starts nothing either:
 it waits, up to services.startup_timeout_s, until the service answers SERVING again at its compose
-address (the controller calls it once the service was seen dead, so what answers is the new
-container) and returns that address; the controller then goes back to its checkpoint. A hung
+address (the controller calls it once the service was seen dead, so what answers is the new container)
+and returns that address (a container that `docker kill` or `docker stop` ended is not restarted by
+Docker: the wait and the error name `docker compose start`); the controller then goes back to its checkpoint. A hung
 service cannot be restarted from here (compose restarts only a container that exits): `restart`
 says so and the run stops with that error.
 
@@ -86,12 +87,19 @@ class ComposeLauncher(Launcher):
             raise NotImplementedError(f"the compose launcher cannot stop a hung service (compose restarts a container "
                                       f"only when it exits): `docker compose restart {role}`, then resume the run "
                                       "(trainer.resume_mode=auto)")
+        # Docker restarts a container that exited with an error, not one a person stopped: `docker kill`
+        # and `docker stop` end its restart policy until it is started again
+        service = role if role == "reward" else f"{role}, or {role}-cpu under the cpu profiles"
+        hint = ("a container stopped by `docker kill` or `docker stop` is not restarted: `docker compose start "
+                f"SERVICE` brings it back (SERVICE: {service}; its log: `docker compose logs SERVICE`)")
+        print(f"tandem: waiting up to {self.ctx.startup_timeout_s:g}s for compose to restart the {role} service "
+              f"({hint})", flush=True)
         deadline = time.monotonic() + self.ctx.startup_timeout_s
         while not await _serving(target):
             if time.monotonic() > deadline:
                 raise ServiceStartFailed(
                     f"the {role} service did not come back at {target} within services.startup_timeout_s="
                     f"{self.ctx.startup_timeout_s:g} (compose restarts its container when it exits with an error: "
-                    f"`restart: on-failure` in deploy/compose.yaml; see `docker compose logs {role}`)")
+                    f"`restart: on-failure` in deploy/compose.yaml; {hint})")
             await asyncio.sleep(POLL_S)
         return target

@@ -86,3 +86,16 @@ def test_gpu_profiles_reserve_a_gpu_per_model_service_and_cpu_profiles_none(doc)
         assert "deploy" not in services[shared] and set(services[shared]["profiles"]) == {"gpu", "cpu"}
     cpu_profile = [name for name, svc in services.items() if "cpu" in svc["profiles"]]
     assert sorted(cpu_profile) == ["actor-cpu", "controller", "prepare", "reward"]  # the built-in task, no GPU
+
+
+def test_builds_take_the_base_and_pip_settings_as_arguments(doc):
+    """Each image's FROM is its Dockerfile's `BASE` build argument, defaulting there and here to the same
+    public image; pip's settings pass through only when set (a value-less argument), never as empty strings."""
+    for device, image in compose_file.IMAGES.items():
+        (build,) = [svc["build"] for svc in doc["services"].values() if svc["image"] == image and "build" in svc]
+        dockerfile = (COMPOSE.parent / build["context"] / build["dockerfile"]).read_text().splitlines()
+        default = compose_file.BASES[device]
+        assert f"ARG BASE={default}" in dockerfile and "FROM ${BASE}" in dockerfile, device
+        assert build["args"]["BASE"] == f"${{TANDEM_BASE_{device.upper()}:-{default}}}"
+        assert {k: v for k, v in build["args"].items() if k != "BASE"} == dict.fromkeys(compose_file.PIP_ARGS)
+        assert f"ARG {' '.join(compose_file.PIP_ARGS)}" in dockerfile, device  # declared, so RUN sees them

@@ -123,6 +123,8 @@ def test_compose_launcher_waits_for_named_services_and_names_the_missing_one(hea
         asyncio.run(launcher.restart("critic"))
     assert str(e.value).startswith(f"the critic service did not come back at 127.0.0.1:{dead} within "
                                    "services.startup_timeout_s=2 (compose restarts its container when it exits")
+    # a container that `docker kill` stopped is not restarted by Docker: the wait and the error say what to run
+    assert "not restarted: `docker compose start SERVICE` brings it back (SERVICE: critic, or critic-cpu" in str(e.value)
     with pytest.raises(NotImplementedError, match=r"cannot stop a hung service .*`docker compose restart actor`"):
         asyncio.run(launcher.restart("actor", hung=True))  # compose restarts only what exits
 
