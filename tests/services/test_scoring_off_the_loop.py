@@ -25,8 +25,9 @@ class SlowTokenizer:
 
 
 def test_decoding_leaves_the_event_loop_free(tmp_path):
-    gen = DataProto(tensors={"responses": torch.tensor([[7, 3], [1, 2], [8, 0], [9, 9]]),
-                             "response_mask": torch.tensor([[1, 0], [1, 1], [1, 1], [1, 0]])},
+    mask = torch.tensor([[1, 0], [1, 1], [1, 1], [1, 0]])
+    gen = DataProto(tensors={"responses": torch.tensor([[7, 3], [1, 2], [8, 0], [9, 9]]), "response_mask": mask,
+                             "attention_mask": torch.cat([torch.ones(4, 1, dtype=mask.dtype), mask], 1)},  # a 1-token prompt
                     columns={"ground_truth": ["7", "12", "80", "9"], "data_source": ["t"] * 4})
     tokenizer = SlowTokenizer()
     cfg = load_config(None, ["reward_model.timeout_s=10"])
