@@ -20,7 +20,8 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from tandem.config.schema import TandemConfig
-from tandem.config.verl_keys import HONOURED, MAPPED, REFUSED, RULES, BadValue, Rule
+from tandem.config.verl_keys import HONOURED, MAPPED, REFUSED, RULES, Rule
+from tandem.config.verl_values import BadValue
 
 UNKNOWN = "unknown"
 VERL_DEFAULTS_FILE = os.path.join(os.path.dirname(__file__), "verl_defaults.yaml")

@@ -21,6 +21,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tandem.config.verl_values import (
+    ckpt_to_keep,
+    logger_list,
+    nnodes,
+    one_tokenizer,
+    rollout_is,
+    rollout_tp,
+    staleness,
+    world_sizes,
+)
+
 HONOURED, MAPPED, REFUSED = "honoured", "mapped", "refused"
 
 Get = Callable[[str], Any]  # the effective value of a key: the user's, else Tandem's default, else verl's
@@ -57,93 +68,6 @@ def follows(key: str, why: str) -> Apply:
             raise ValueError(f"{why}; it must equal {key}={get(key)!r}: set that key instead")
         return {}
     return apply
-
-
-class BadValue(ValueError):
-    """A value of the wrong kind for its key (not a refusal of what the key asks for)."""
-
-
-def whole(value, minimum: int = 1) -> int:
-    """`value` as a whole number >= minimum; BadValue otherwise."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) or value < minimum:
-        shown = "empty (an unset shell variable?)" if value == "" else repr(value)
-        raise BadValue(f"must be a whole number >= {minimum}, got {shown}")
-    return int(value)
-
-
-def _ckpt_to_keep(value, get) -> dict:
-    """verl's per-role counts -> the one count of whole checkpoints (the larger; null: every one)."""
-    counts = [whole(v) for v in (get("trainer.max_actor_ckpt_to_keep"), get("trainer.max_critic_ckpt_to_keep"))
-              if v is not None]
-    return {"trainer.max_ckpt_to_keep": max(counts)} if counts else {}
-
-
-def _world_sizes(value, get) -> dict:
-    """verl's GPUs (n_gpus_per_node x nnodes) -> the ranks of each model service Tandem starts.
-    Every role's rank r uses GPU r, as verl colocates its roles on all GPUs."""
-    whole(value)
-    try:
-        nnodes = whole(get("trainer.nnodes"))
-    except ValueError:
-        nnodes = 1  # a bad trainer.nnodes is reported on its own
-    gpus = whole(get("trainer.n_gpus_per_node")) * nnodes
-    out = {"services.actor.world_size": gpus}
-    if get("algorithm.adv_estimator") == "gae":
-        out["services.critic.world_size"] = gpus
-    if get("actor_rollout_ref.rollout.mode") == "standalone":
-        out["services.rollout.world_size"] = gpus
-    return out
-
-
-def _nnodes(value, get) -> dict:
-    """Several nodes: Ray places each service's ranks across them, as verl's workers run on Ray."""
-    return {} if whole(value) == 1 else {"trainer.launcher": "ray"}
-
-
-def _rollout_tp(value, get) -> dict:
-    """verl's generation TP is its engine's own; a colocated rollout generates on the actor's modules,
-    so a TP other than the actor's (or 1) becomes the actor's, and behind a pipeline-parallel actor 1
-    (a whole TP=1 copy on every rank, the only colocated way). Standalone: the rollout's own TP."""
-    actor_tp = get("actor_rollout_ref.actor.megatron.tensor_model_parallel_size")
-    if get("actor_rollout_ref.rollout.mode") == "standalone":
-        tp = value
-    elif get("actor_rollout_ref.actor.megatron.pipeline_model_parallel_size") not in (1, None):
-        tp = 1
-    else:
-        tp = None if value not in (1, actor_tp) else value
-    return {"actor_rollout_ref.rollout.tensor_model_parallel_size": tp}
-
-
-def _logger_list(value, get) -> dict:
-    """verl's trainer.logger as one string ("console", or "console,wandb") -> Tandem's list."""
-    return {"trainer.logger": [name.strip() for name in value.split(",") if name.strip()]}
-
-
-def _staleness(value, get) -> dict:
-    raise ValueError("verl's fully-async staleness_threshold is a fraction of a batch's samples that may come from "
-                     "older weights; Tandem's counts weight versions between a batch's generation and its update "
-                     "(a whole number: 1 is one step off, 0 on-policy): set async_training.staleness_threshold=1 "
-                     "to let generation run one step ahead")
-
-
-def _one_tokenizer(value, get) -> dict:
-    """verl's critic tokenizer defaults to the policy's model path, as Tandem's one tokenizer does."""
-    policy = get("actor_rollout_ref.model.tokenizer_path") or get("actor_rollout_ref.model.path")
-    if value != policy:
-        raise ValueError(f"one tokenizer serves every role; it must equal the policy's ({policy!r}): set "
-                         "actor_rollout_ref.model.tokenizer_path instead")
-    return {}
-
-
-def _rollout_is(value, get) -> dict:
-    if value == "token":
-        cap = get("algorithm.rollout_correction.rollout_is_threshold")
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)):
-            raise BadValue(f"token-level truncated importance sampling needs a number as "
-                             f"algorithm.rollout_correction.rollout_is_threshold, got {cap!r}")
-        return {"actor_rollout_ref.actor.tis_imp_ratio_cap": float(cap)}
-    raise ValueError(f"{value!r}: only token-level truncated importance sampling ('token') is offered "
-                     "(actor_rollout_ref.actor.tis_imp_ratio_cap)")
 
 
 MEMORY = "a memory/speed knob with no counterpart: memory is bounded by ppo_micro_batch_size_per_gpu rows " \
@@ -276,7 +200,7 @@ RULES: tuple[Rule, ...] = (
     refused("critic.enable", "the critic service runs exactly when algorithm.adv_estimator=gae"),
     mapped("critic.model.path", "the critic has the policy's architecture and starts from the policy "
            "(critic.init_from_policy)", follows("actor_rollout_ref.model.path", "the critic is the policy's model")),
-    mapped("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", _one_tokenizer),
+    mapped("critic.model.tokenizer_path", "actor_rollout_ref.model.tokenizer_path", one_tokenizer),
     # ---- actor loss ----
     refused("actor_rollout_ref.actor.tau_*", "parameters of policy-loss modes Tandem does not offer (vanilla, gspo)"),
     refused("actor_rollout_ref.actor.policy_loss.*", "parameters of policy-loss modes Tandem does not offer "
@@ -370,7 +294,7 @@ RULES: tuple[Rule, ...] = (
     mapped("reward_model.*", RM),
     # ---- algorithm ----
     mapped("algorithm.rollout_correction.rollout_is", "actor_rollout_ref.actor.tis_imp_ratio_cap = "
-           "rollout_is_threshold (token-level truncated importance sampling)", _rollout_is,
+           "rollout_is_threshold (token-level truncated importance sampling)", rollout_is,
            when=lambda v: v is not None),
     mapped("algorithm.rollout_correction.rollout_is_threshold", "actor_rollout_ref.actor.tis_imp_ratio_cap "
            "(with rollout_is=token)"),
@@ -380,15 +304,15 @@ RULES: tuple[Rule, ...] = (
     refused("algorithm.pf_ppo.*", "preference-feedback PPO reweighting is not offered"),
     # ---- trainer ----
     mapped("trainer.n_gpus_per_node", "services.{actor, critic (gae), rollout (standalone)}.world_size = "
-           "n_gpus_per_node x nnodes (each role's rank r on GPU r, colocated as in verl)", _world_sizes),
+           "n_gpus_per_node x nnodes (each role's rank r on GPU r, colocated as in verl)", world_sizes),
     mapped("trainer.nnodes", "world sizes count its nodes' GPUs; several nodes: trainer.launcher=ray places "
-           "each service's ranks across them (services.<role>.ray)", _nnodes),
+           "each service's ranks across them (services.<role>.ray)", nnodes),
     mapped("trainer.balance_batch", "each mini-batch is split over data-parallel ranks in order"),
     mapped("trainer.esi_redundant_time", "no elastic-instance deadline"),
     refused("trainer.del_local_ckpt_after_load", "checkpoints are kept"),
     refused("trainer.default_hdfs_dir", "checkpoints go to trainer.default_local_dir only"),
     mapped("trainer.max_*_ckpt_to_keep", "trainer.max_ckpt_to_keep: one checkpoint holds actor and critic, so "
-           "the larger of the two is kept (nothing a user asked to keep is removed)", _ckpt_to_keep),
+           "the larger of the two is kept (nothing a user asked to keep is removed)", ckpt_to_keep),
     mapped("trainer.ray_wait_register_center_timeout", "no Ray: services.startup_timeout_s"),
     mapped("trainer.device", "GPUs when present, else CPU (tandem/parallel/device.py)"),
     refused("trainer.rollout_data_dir", "rollouts are not dumped; trainer.log_val_generations logs validation "
@@ -397,10 +321,10 @@ RULES: tuple[Rule, ...] = (
     refused("transfer_queue.enable", "batches go between services over gRPC"),
     mapped("ray_kwargs.*", "no Ray: services are processes started by the launcher (controller/launchers/)"),
     # ---- verl's values of Tandem keys that Tandem writes otherwise ----
-    mapped("trainer.logger", "trainer.logger as a list", _logger_list, when=lambda v: isinstance(v, str)),
+    mapped("trainer.logger", "trainer.logger as a list", logger_list, when=lambda v: isinstance(v, str)),
     mapped("actor_rollout_ref.rollout.tensor_model_parallel_size", "a colocated rollout generates at the actor's "
-           "TP (or 1): verl's engine TP becomes the actor's, and 1 behind a pipeline-parallel actor", _rollout_tp,
+           "TP (or 1): verl's engine TP becomes the actor's, and 1 behind a pipeline-parallel actor", rollout_tp,
            when=lambda v: isinstance(v, int) and v > 1),
-    mapped("async_training.staleness_threshold", "a whole number of weight versions", _staleness,
+    mapped("async_training.staleness_threshold", "a whole number of weight versions", staleness,
            when=lambda v: isinstance(v, float) and not v.is_integer()),
 )
