@@ -133,7 +133,7 @@ class GenerationEngine:
         turns, lockstep = None, not interruptible  # TP > 1: the group's ranks must plan alike
         if tools is not None:
             self._tool_loop = self._tool_loop or ToolLoop()
-            turns = ToolTurns(tools, self._tool_loop, rows, r)
+            turns = ToolTurns(tools, self._tool_loop, rows, r, lockstep=lockstep)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -8,7 +8,10 @@ one `ToolCaller.call` of their own, so a slow tool holds only the rows that call
 has a deadline and retries; what still fails becomes an error observation (ok=False), never an
 exception or an empty answer. `ToolTurns.resume` feeds each answered row's observation tokens into
 its cache slot (turn_prefill.continue_row: the prefix is not recomputed) and hands the slot back to the
-scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled).
+scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled). At TP > 1
+(lockstep: every rank of the group runs this loop) only the group's first rank calls the tools and
+broadcasts the answers: a tool answering two ranks differently (a timeout on one, a stateful tool)
+must not split the group's rows, and a side effect must happen once.
 
 Not here: the tool services (tandem/tools/), the wire format of a task's calls (ToolFormat
 implementations: tandem/tasks/calculator_tool.py, tandem/rollout/hermes_format.py).
@@ -111,8 +114,9 @@ async def answer(mt: MultiTurn, calls: list[ToolCall]) -> list[ToolResult]:
 class ToolTurns:
     """The tool rounds of one generate() call: per-row turn counts and the calls in flight."""
 
-    def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int):
-        self.mt, self.loop, self.r = mt, loop, max_new_tokens
+    def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int, lockstep: bool = False):
+        self.mt, self.loop, self.r, self.lockstep = mt, loop, max_new_tokens, lockstep
+        self.calling = not lockstep or _tp_rank() == 0  # the rank that calls the tools
         self.turns = [1] * rows  # model turns started
         self.calls = [0] * rows  # tool calls issued (parsed or not)
         self.turn_start = [0] * rows  # response index where the row's current turn began
@@ -125,7 +129,12 @@ class ToolTurns:
             return False
         calls = self.mt.format.parse(runner.out_tok[row, self.turn_start[row]:index + 1].tolist())
         self.calls[row] += max(1, len(calls))
-        self.pending[slot] = (row, index, self.loop.submit(answer(self.mt, calls)))
+        if self.calling:
+            future = self.loop.submit(answer(self.mt, calls))
+        else:  # its answers come from the calling rank (resume)
+            future = concurrent.futures.Future()
+            future.set_result(None)
+        self.pending[slot] = (row, index, future)
         return True
 
     def pause(self, runner, sched, alive: list[bool]) -> frozenset[int]:
@@ -139,13 +148,15 @@ class ToolTurns:
         lockstep (TP > 1: every rank of the group runs this loop): wait for every call in flight,
         so all ranks resume the same rows at the same step and plan the same decode shapes."""
         futures = [f for _, _, f in self.pending.values()]
+        answers = None
         if lockstep and futures:
             concurrent.futures.wait(futures)
+            answers = _from_first_rank({s: f.result() for s, (_, _, f) in self.pending.items()})
         elif block and futures:
             concurrent.futures.wait(futures, timeout=poll_s, return_when=concurrent.futures.FIRST_COMPLETED)
         for slot in [s for s, (_, _, f) in self.pending.items() if f.done()]:
             row, index, fut = self.pending.pop(slot)
-            obs = self.mt.format.observation(fut.result())
+            obs = self.mt.format.observation(fut.result() if answers is None else answers[slot])
             nxt, token, going = continue_row(runner, slot, index, obs)
             self.turns[row] += 1
             self.turn_start[row] = min(index + 1 + len(obs), nxt)
@@ -156,3 +167,20 @@ class ToolTurns:
         for _, _, fut in self.pending.values():
             fut.cancel()
         self.pending.clear()
+
+
+def _tp_rank() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_rank()
+
+
+def _from_first_rank(answers: dict) -> dict:
+    """The tensor-parallel group's first rank's answers, on every rank of the group."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    box = [answers]
+    dist.broadcast_object_list(box, src=parallel_state.get_tensor_model_parallel_src_rank(),
+                               group=parallel_state.get_tensor_model_parallel_group())
+    return box[0]

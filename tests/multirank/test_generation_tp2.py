@@ -1,6 +1,7 @@
 """The generation engine at TP=2 over gloo (2 processes): greedy equals full recompute,
 both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights; also
-multi-turn rows whose tool answers each rank at its own pace (the ranks must still plan alike).
+multi-turn rows whose tool answers each rank at its own pace and in its own words: only the first rank
+calls it and the others take its answers, so the ranks plan alike and keep the same rows.
 
 This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK tcp://HOST:PORT OUT_DIR`.
 """
@@ -26,7 +27,8 @@ def build(tp):
 
 
 class RankPacedTool:
-    """Answers every call with one token, after a delay that differs by rank and call."""
+    """Answers after a delay that differs by rank and call, and with the rank's own text: only the group's
+    first rank may call it (the others take its answers), or the ranks' rows would part."""
 
     def __init__(self, rank):
         self.rank, self.calls = rank, 0
@@ -38,7 +40,7 @@ class RankPacedTool:
 
         self.calls += 1
         await asyncio.sleep(0.02 * ((self.calls + self.rank) % 3))
-        return [ToolResult("ok", True) for _ in calls]
+        return [ToolResult(f"rank{self.rank}", True) for _ in calls]
 
 
 class OneTokenAnswers:
@@ -50,7 +52,7 @@ class OneTokenAnswers:
         return [ToolCall("t", {})]
 
     def observation(self, results):
-        return [20, 21]
+        return [20, 21] if results[0].text == "rank0" else [22]
 
 
 def generate(model, rank=0):
@@ -61,9 +63,11 @@ def generate(model, rank=0):
     e = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=4)
     greedy = e.generate(PROMPTS, SamplingParams(max_new_tokens=8, greedy=True))
     sampled = e.generate(PROMPTS, SamplingParams(max_new_tokens=8, temperature=0.8, top_k=6, n=2, seed=4))
+    tool = RankPacedTool(rank)
     multi = e.generate(PROMPTS, SamplingParams(max_new_tokens=12, greedy=True),
-                       tools=MultiTurn(RankPacedTool(rank), OneTokenAnswers(), max_assistant_turns=3))
+                       tools=MultiTurn(tool, OneTokenAnswers(), max_assistant_turns=3))
     assert multi.tool_calls.sum() >= 2, "the test needs rows that call the tool"
+    assert (tool.calls > 0) == (rank == 0), f"rank {rank} made {tool.calls} tool calls"
     return {"greedy": greedy.responses, "greedy_mask": greedy.response_mask,
             "greedy_lp": greedy.rollout_log_probs, "sampled": sampled.responses,
             "sampled_lp": sampled.rollout_log_probs, "multi": multi.responses,
