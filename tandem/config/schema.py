@@ -160,8 +160,8 @@ class MultiTurnConfig:  # verl's rollout.multi_turn keys (tandem/generation/mult
     max_tool_response_length: int = 256  # characters of a tool's answer kept
     tool_response_truncate_side: str = "middle"  # left | right | middle
     format: str = "auto"  # tool-call format: hermes (<tool_call> JSON), calculator (the built-in task); auto: the tokenizer's
-    tool_timeout_s: float = 30.0  # per attempt of a row's calls; then an error observation
-    tool_retries: int = 1  # attempts after a timeout or a failed call to the service
+    tool_timeout_s: float = 30.0  # a call's deadline, then an error observation (a tool config's timeout_s wins)
+    tool_retries: int = 1  # attempts after a timeout or a failed call (tool services: after UNAVAILABLE)
 
 
 @dataclass

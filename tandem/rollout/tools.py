@@ -18,9 +18,16 @@ def multi_turn_from_config(rollout: RolloutConfig, tokenizer) -> MultiTurn | Non
     mt = rollout.multi_turn
     if not mt.enable:
         return None
-    return MultiTurn(tool_caller_from_config(mt), tool_format(mt, tokenizer),
-                     max_assistant_turns=mt.max_assistant_turns, timeout_s=mt.tool_timeout_s,
-                     retries=mt.tool_retries, max_tool_response_length=mt.max_tool_response_length,
+    caller = tool_caller_from_config(mt)
+    timeout_s, retries = mt.tool_timeout_s, mt.tool_retries
+    if mt.tool_config_path is not None:
+        # the gRPC caller bounds and retries each call itself, within each tool's own deadline (its
+        # tool-config timeout_s): a shorter deadline here would cut a slow tool, and retries here would
+        # send again what it retried. Twice its longest deadline only guards against a caller that hangs.
+        timeout_s = 2 * max([r.timeout_s or mt.tool_timeout_s for r in caller.routes.values()] or [mt.tool_timeout_s])
+        retries = 0
+    return MultiTurn(caller, tool_format(mt, tokenizer), max_assistant_turns=mt.max_assistant_turns,
+                     timeout_s=timeout_s, retries=retries, max_tool_response_length=mt.max_tool_response_length,
                      truncate_side=mt.tool_response_truncate_side)
 
 

@@ -43,9 +43,21 @@ def test_the_rollout_builds_the_calculator_turns(tool_tokenizer):
     assert mt.max_assistant_turns == 2
     off = load_config().actor_rollout_ref.rollout
     assert multi_turn_from_config(off, tool_tokenizer) is None
-    with pytest.raises(ConfigError, match=f"{MT}.tool_config_path"):  # tool services: issue 50 part A
+    with pytest.raises(ConfigError, match=f"{MT}.tool_config_path"):  # no such file
         multi_turn_from_config(load_config(overrides=[f"{MT}.enable=true", f"{MT}.tool_config_path=t.yaml"])
                                .actor_rollout_ref.rollout, tool_tokenizer)
+
+
+def test_tool_services_keep_their_own_deadline(tool_tokenizer, tmp_path):
+    """A tool config's timeout_s (120 s) is not cut by multi_turn.tool_timeout_s (30 s), and the gRPC
+    caller's retries are not repeated around it."""
+    (tmp_path / "tools.yaml").write_text(
+        "tools:\n  - class_name: slow\n    config: {endpoint: '127.0.0.1:1', timeout_s: 120}\n"
+        "    tool_schema: {type: function, function: {name: slow, parameters: {type: object, properties: {}}}}\n")
+    cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.tool_config_path={tmp_path / 'tools.yaml'}"])
+    mt = multi_turn_from_config(cfg.actor_rollout_ref.rollout, tool_tokenizer)
+    assert mt.caller.routes["slow"].timeout_s == 120 and mt.caller.max_retries == 1
+    assert (mt.timeout_s, mt.retries) == (240, 0)
 
 
 def test_calculator_format_and_caller(tool_tokenizer):
