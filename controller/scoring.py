@@ -37,12 +37,18 @@ def decode_responses(gen: DataProto, tokenizer) -> list[str]:
 
 def reward_request(gen: DataProto, tokenizer, cfg: TandemConfig) -> DataProto:
     """The Score request: the decoded responses with the dataset's ground truth, data_source,
-    extra_info and prompt text; for a reward model (reward_model.enable) also the token ids."""
+    extra_info and prompt text; for a reward model (reward_model.enable) also the token ids. Rows of
+    an interaction rollout carry their episode in extra_info: `turn_scores` (each Step's reward, verl's
+    key) and `episode` (name, done, error); the score is still the reward function's alone."""
     columns = {"response_text": decode_responses(gen, tokenizer), "ground_truth": gen["ground_truth"],
                "data_source": gen["data_source"]}
     for name in ("extra_info", "prompt_text"):
         if name in gen.columns:
             columns[name] = gen[name]
+    if "turn_scores" in gen.columns:  # verl hands a reward function the turn scores in extra_info
+        extra = columns.get("extra_info") or [{}] * len(gen)
+        columns["extra_info"] = [{**(e or {}), "turn_scores": t, "episode": ep}
+                                 for e, t, ep in zip(extra, gen["turn_scores"], gen["episode"])]
     tensors = {}
     if cfg.reward_model.enable:
         tensors = {"input_ids": gen["input_ids"], "attention_mask": gen["attention_mask"]}

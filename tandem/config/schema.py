@@ -162,6 +162,8 @@ class MultiTurnConfig:  # verl's rollout.multi_turn keys (tandem/generation/mult
     format: str = "auto"  # tool-call format: hermes (<tool_call> JSON), calculator (the built-in task); auto: the tokenizer's
     tool_timeout_s: float = 30.0  # a call's deadline, then an error observation (a tool config's timeout_s wins)
     tool_retries: int = 1  # attempts after a timeout or a failed call (tool services: after UNAVAILABLE)
+    interaction_config_path: Optional[str] = None  # verl's interaction-config YAML: EnvironmentServices rows play
+    max_user_turns: Optional[int] = None  # observations per row, tool answers and environment turns (null: no limit)
 
 
 @dataclass

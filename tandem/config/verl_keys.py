@@ -246,8 +246,8 @@ RULES: tuple[Rule, ...] = (
     refused("actor_rollout_ref.rollout.over_sample_rate", "over-sampling is not offered; DAPO's "
             "algorithm.filter_groups generates more prompts instead"),
     mapped("actor_rollout_ref.rollout.engine_kwargs.*", ENGINE),
-    refused("actor_rollout_ref.rollout.multi_turn.*", "needs verl's SGLang rollout (interactions, its chat re-rendering "
-            "and checks, repeated rollouts); Tandem's turns are tool calls appended as token ids"),
+    refused("actor_rollout_ref.rollout.multi_turn.*", "needs verl's SGLang rollout (its chat re-rendering and checks, "
+            "repeated rollouts); Tandem appends each observation (a tool's, an interaction's) as token ids"),
     mapped("actor_rollout_ref.rollout.calculate_log_probs", "the rollout always returns its log-probs "
            "(training/rollout_probs_diff_*, truncated importance sampling)"),
     refused("actor_rollout_ref.rollout.agent.*", "agent loops are not offered"),

@@ -13,7 +13,9 @@ Results do not depend on the batching: a row's random draws are a function of
 
 Multi-turn (`tools=MultiTurn(...)`): a row that stops on a tool call keeps its slot and KV cache
 while its call runs (multi_turn.py); its observation is fed into the same cache and it decodes on.
-Observation tokens are part of the response, flagged in `observation_mask`.
+Observation tokens are part of the response, flagged in `observation_mask`. With `tasks` (a prompt's
+interaction_kwargs) and `MultiTurn.interactions`, each of its rows plays an environment episode whose
+turns come back the same way (episodes.py); `episodes` records them.
 
 Not here: pipeline parallelism, vLLM/SGLang engines, prefix caching across prompts.
 """
@@ -40,6 +42,7 @@ class GenerationResult:
     rollout_log_probs: torch.Tensor  # [N, R] fp32, 0 on padding
     observation_mask: torch.Tensor | None = None  # [N, R] 1 = a tool's observation token (multi-turn)
     tool_calls: torch.Tensor | None = None  # [N] tool calls each row made (multi-turn)
+    episodes: list[dict | None] | None = None  # [N] each row's environment episode (episodes.EpisodeRecord)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -104,10 +107,11 @@ class GenerationEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 tools: MultiTurn | None = None) -> GenerationResult:
+                 tools: MultiTurn | None = None, tasks: list[dict | None] | None = None) -> GenerationResult:
         """Each prompt is sampled params.n times; rows are prompt-major (p0 s0, p0 s1, ...).
         With `tools`, rows call tools between turns; max_new_tokens bounds a row's whole response,
-        observations included."""
+        observations included. `tasks[p]`: prompt p's interaction_kwargs (None: no episode); each of
+        its rows plays its own episode (tools.interactions)."""
         params.validate(self.vocab_size)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every prompt needs at least one token")
@@ -133,7 +137,8 @@ class GenerationEngine:
         turns, lockstep = None, not interruptible  # TP > 1: the group's ranks must plan alike
         if tools is not None:
             self._tool_loop = self._tool_loop or ToolLoop()
-            turns = ToolTurns(tools, self._tool_loop, rows, r, lockstep=lockstep)
+            row_tasks = None if tasks is None else [t for t in tasks for _ in range(n)]
+            turns = ToolTurns(tools, self._tool_loop, rows, r, lockstep=lockstep, tasks=row_tasks)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -155,6 +160,7 @@ class GenerationEngine:
             self.model.train(was_training)
             if turns is not None:
                 turns.cancel()
+                turns.close()  # CloseEpisode runs however the generation ended
         tokens, logp, mask = runner.outputs()
         tokens = torch.where(mask, tokens, self.pad_id)
         prompt_ids, prompt_mask = left_pad([p for p in prompts for _ in range(n)], self.pad_id)
@@ -164,4 +170,7 @@ class GenerationEngine:
             out.observation_mask = runner.observation_mask().long().cpu()
             out.rollout_log_probs = torch.where(out.observation_mask.bool(), 0.0, out.rollout_log_probs)
             out.tool_calls = torch.tensor(turns.calls, dtype=torch.long)
+            if tools.interactions is not None:
+                records = turns.episodes.records if turns.episodes is not None else [None] * rows
+                out.episodes = [None if e is None else e.as_dict() for e in records]
         return out

@@ -13,6 +13,11 @@ scheduler. The engine waits on the tools only when no row can decode (Scheduler.
 broadcasts the answers: a tool answering two ranks differently (a timeout on one, a stateful tool)
 must not split the group's rows, and a side effect must happen once.
 
+Environments (`MultiTurn.interactions`, episodes.py): a row whose data names an interaction also
+pauses when it ends a turn on a stop token (not a tool call); the turn's text is its episode's next
+Step and the answer comes back the same way, as a user turn (`TurnFormat.user_turn`). A step that
+ends the episode (done, or failed) is appended too and ends the row, as verl does.
+
 Not here: the tool services (tandem/tools/), the wire format of a task's calls (ToolFormat
 implementations: tandem/tasks/calculator_tool.py, tandem/rollout/hermes_format.py).
 """
@@ -24,7 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
-from tandem.generation.turn_prefill import continue_row, stopped_at
+from tandem.generation.episodes import Episodes, Interactions
+from tandem.generation.turn_prefill import continue_row, end_row, stopped_at
 from tandem.tools.calls import ToolCall, ToolCaller, ToolResult
 
 
@@ -52,10 +58,16 @@ class MultiTurn:
     retries: int = 1  # attempts after a timeout or an exception (an ok=False answer is final)
     max_tool_response_length: int = 256  # characters of each answer's text kept (verl's key)
     truncate_side: str = "middle"  # left | right | middle: which part of a long answer is kept
+    interactions: Interactions | None = None  # environments a row's data may name (format: a TurnFormat too)
+    max_user_turns: int | None = None  # observations per row, tool answers and environment turns (verl's key)
 
     def __post_init__(self):
         if self.max_assistant_turns is not None and self.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {self.max_assistant_turns}")
+        if self.max_user_turns is not None and self.max_user_turns < 0:
+            raise ValueError(f"max_user_turns must be >= 0, got {self.max_user_turns}")
+        if self.interactions is not None and not hasattr(self.format, "user_turn"):
+            raise ValueError(f"{type(self.format).__name__} cannot write an environment's turns (no user_turn)")
         if self.truncate_side not in ("left", "right", "middle"):
             raise ValueError(f"tool_response_truncate_side must be left, right or middle, got {self.truncate_side!r}")
         if not self.timeout_s > 0 or self.retries < 0:
@@ -112,61 +124,90 @@ async def answer(mt: MultiTurn, calls: list[ToolCall]) -> list[ToolResult]:
 
 
 class ToolTurns:
-    """The tool rounds of one generate() call: per-row turn counts and the calls in flight."""
+    """The tool rounds (and environment turns) of one generate() call: per-row turn counts and the
+    calls in flight."""
 
-    def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int, lockstep: bool = False):
+    def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int, lockstep: bool = False,
+                 tasks: list[dict | None] | None = None):
         self.mt, self.loop, self.r, self.lockstep = mt, loop, max_new_tokens, lockstep
         self.calling = not lockstep or _tp_rank() == 0  # the rank that calls the tools
         self.turns = [1] * rows  # model turns started
         self.calls = [0] * rows  # tool calls issued (parsed or not)
+        self.user_turns = [0] * rows  # observations appended (tool answers and environment turns)
         self.turn_start = [0] * rows  # response index where the row's current turn began
-        self.pending: dict[int, tuple[int, int, concurrent.futures.Future]] = {}  # slot -> row, index, answer
+        # slot -> row, index, answer, whether it is an environment's
+        self.pending: dict[int, tuple[int, int, concurrent.futures.Future, bool]] = {}
+        self.episodes = None  # the rows' environment episodes (episodes.py), when any row names one
+        if mt.interactions is not None and tasks is not None and any(t is not None for t in tasks):
+            self.episodes = Episodes(mt.interactions, loop, tasks, self.calling)
 
-    def _maybe_call(self, slot: int, row: int, index: int, token: int | None, runner) -> bool:
-        """Issue the row's calls if it stopped on a tool call with a turn and budget left."""
+    def _maybe_call(self, slot: int, row: int, index: int, token: int | None, runner, stopped: bool) -> bool:
+        """Issue the row's calls (or its episode's Step) if it stopped on a tool call (or ended a turn
+        in an open episode) with a turn and budget left."""
         limit = self.mt.max_assistant_turns or self.r  # a turn takes a token at least
-        if token != self.mt.format.end_id or index >= self.r - 1 or self.turns[row] >= limit:
+        users = self.mt.max_user_turns if self.mt.max_user_turns is not None else self.r
+        if not stopped or token is None or index >= self.r - 1 or self.turns[row] >= limit \
+                or self.user_turns[row] >= users:
             return False
-        calls = self.mt.format.parse(runner.out_tok[row, self.turn_start[row]:index + 1].tolist())
-        self.calls[row] += max(1, len(calls))
-        if self.calling:
-            future = self.loop.submit(answer(self.mt, calls))
-        else:  # its answers come from the calling rank (resume)
+        turn = runner.out_tok[row, self.turn_start[row]:index + 1].tolist()
+        if token == self.mt.format.end_id:
+            calls = self.mt.format.parse(turn)
+            self.calls[row] += max(1, len(calls))
+            future, env = (self.loop.submit(answer(self.mt, calls)) if self.calling else None), False
+        elif self.episodes is not None and self.episodes.open(row):
+            future, env = self.episodes.step(row, self.mt.format.turn_text(turn)), True
+        else:
+            return False
+        if future is None:  # its answers come from the calling rank (resume)
             future = concurrent.futures.Future()
             future.set_result(None)
-        self.pending[slot] = (row, index, future)
+        self.pending[slot] = (row, index, future, env)
         return True
 
     def pause(self, runner, sched, alive: list[bool]) -> frozenset[int]:
-        """After a decode window: the stopped rows that wait on a tool now (their calls issued)."""
+        """After a decode window: the stopped rows that wait on a tool or an environment now."""
         stopped = [s for s in sched.busy_rows() if not alive[s]]
         return frozenset(s for s, (row, index, token) in zip(stopped, stopped_at(runner, stopped))
-                         if self._maybe_call(s, row, index, token, runner))
+                         if self._maybe_call(s, row, index, token, runner, stopped=True))
 
     def resume(self, runner, sched, block: bool, lockstep: bool = False, poll_s: float = 0.5) -> None:
         """Continue every row whose answer has come (with block: wait up to poll_s for one first).
         lockstep (TP > 1: every rank of the group runs this loop): wait for every call in flight,
         so all ranks resume the same rows at the same step and plan the same decode shapes."""
-        futures = [f for _, _, f in self.pending.values()]
+        futures = [p[2] for p in self.pending.values()]
         answers = None
         if lockstep and futures:
             concurrent.futures.wait(futures)
-            answers = _from_first_rank({s: f.result() for s, (_, _, f) in self.pending.items()})
+            answers = _from_first_rank({s: p[2].result() for s, p in self.pending.items()})
         elif block and futures:
             concurrent.futures.wait(futures, timeout=poll_s, return_when=concurrent.futures.FIRST_COMPLETED)
-        for slot in [s for s, (_, _, f) in self.pending.items() if f.done()]:
-            row, index, fut = self.pending.pop(slot)
-            obs = self.mt.format.observation(fut.result() if answers is None else answers[slot])
+        for slot in [s for s, p in self.pending.items() if p[2].done()]:
+            row, index, fut, env = self.pending.pop(slot)
+            result = fut.result() if answers is None else answers[slot]
+            self.user_turns[row] += 1
+            if env:
+                self.episodes.record(row, result)
+                obs = self.mt.format.user_turn(result.observation)
+                if not self.episodes.open(row):  # the episode is over: its last observation ends the row
+                    sched.resume(slot, end_row(runner, slot, index, obs), False)
+                    continue
+            else:
+                obs = self.mt.format.observation(result)
             nxt, token, going = continue_row(runner, slot, index, obs)
             self.turns[row] += 1
             self.turn_start[row] = min(index + 1 + len(obs), nxt)
-            if not self._maybe_call(slot, row, nxt, token, runner):  # a turn may be a call at once
+            if not self._maybe_call(slot, row, nxt, token, runner, stopped=not going):  # a turn may end at once
                 sched.resume(slot, nxt, going)
 
     def cancel(self) -> None:
-        for _, _, fut in self.pending.values():
-            fut.cancel()
+        for p in self.pending.values():
+            p[2].cancel()
         self.pending.clear()
+
+    def close(self) -> None:
+        """End every episode this generation started (CloseEpisode), however the generation ended."""
+        if self.episodes is not None:
+            self.episodes.close()
 
 
 def _tp_rank() -> int:

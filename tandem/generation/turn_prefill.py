@@ -1,5 +1,6 @@
 """Multi-turn on the runner's cache: where a stopped row stopped, and a tool observation fed into
-the row's own KV cache slot on top of its prefix (the turn's continuation prefill).
+the row's own KV cache slot on top of its prefix (the turn's continuation prefill), or written as
+the last tokens of a row that ends there (an environment's final turn).
 
 Runs between decode windows, eagerly, on the modules (the prefill's path): it writes the slot's
 cache positions and its persistent decode state (last token, position, step, alive) in place, so
@@ -25,6 +26,28 @@ def stopped_at(runner: ModelRunner, slots: list[int]) -> list[tuple[int, int, in
     return list(zip(rows.tolist(), steps.tolist(), toks.tolist()))
 
 
+def end_row(runner: ModelRunner, slot: int, index: int, observation: list[int]) -> int:
+    """A row stopped at response index `index` whose episode is over: its last observation is written
+    after the stop token (cut to the response budget) and the row ends there, with no model run (no
+    token follows it). Returns the response index after the observation."""
+    _, nxt = _write_observation(runner, int(runner.row[slot]), index, observation)
+    runner.alive[slot] = False
+    return nxt
+
+
+def _write_observation(runner: ModelRunner, row: int, index: int, observation: list[int]) -> tuple[list[int], int]:
+    """The observation, cut to the response budget, into the row's outputs after response index
+    `index` (flagged as observation) -> (what was written, the index after it)."""
+    observation = observation[:max(0, runner.request.params.max_new_tokens - 1 - index)]
+    nxt = index + 1 + len(observation)
+    if observation:
+        cols = torch.arange(index + 1, nxt, device=runner.device)
+        runner.out_tok[row, cols] = torch.tensor(observation, dtype=torch.long, device=runner.device)
+        runner.out_mask[row, cols] = True
+        runner.out_obs[row, cols] = True
+    return observation, nxt
+
+
 @torch.no_grad()
 def continue_row(runner: ModelRunner, slot: int, index: int, observation: list[int]) -> tuple[int, int | None, bool]:
     """A row stopped on a tool call whose last token sits at response index `index` (sampled,
@@ -35,13 +58,8 @@ def continue_row(runner: ModelRunner, slot: int, index: int, observation: list[i
     req, dev = runner.request, runner.device
     r = req.params.max_new_tokens
     row = int(runner.row[slot])
-    observation = observation[:max(0, r - 1 - index)]
-    k, nxt = len(observation), index + 1 + len(observation)
-    if k:
-        cols = torch.arange(index + 1, nxt, device=dev)
-        runner.out_tok[row, cols] = torch.tensor(observation, dtype=torch.long, device=dev)
-        runner.out_mask[row, cols] = True
-        runner.out_obs[row, cols] = True
+    observation, nxt = _write_observation(runner, row, index, observation)
+    k = len(observation)
     if nxt >= r:  # no room left for a model token: the row ends on its observation
         runner.alive[slot] = False
         return nxt, None, False

@@ -3,7 +3,8 @@
 The model writes `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (`</tool_call>` must
 be one token: the row stops on it). The observation closes the assistant turn, gives the answers in
 a user turn as `<tool_response>` blocks (the template's rendering of role "tool") and opens the
-next assistant turn, so the model reads what the chat template would have shown it.
+next assistant turn, so the model reads what the chat template would have shown it. An environment's
+turn (verl's interaction) is a plain user turn after the model's own end of turn.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class HermesFormat:
             raise ValueError("multi_turn.format=hermes: the tokenizer has no <tool_call> / </tool_call> tokens "
                              "(a Qwen2.5-style chat template has them)")
         self.end_id = ids[1]
+        # after a turn ended on EOS: a chat model's EOS is <|im_end|> itself, a base model's is not
+        self.turn_close = "\n" if tokenizer.eos_token == "<|im_end|>" else "<|im_end|>\n"
 
     def parse(self, turn: list[int]) -> list[ToolCall]:
         calls = []
@@ -41,3 +44,10 @@ class HermesFormat:
         answers = "\n".join(f"<tool_response>\n{r.text}\n</tool_response>" for r in results)
         text = f"<|im_end|>\n<|im_start|>user\n{answers}<|im_end|>\n<|im_start|>assistant\n"
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def turn_text(self, turn: list[int]) -> str:
+        return self.tokenizer.decode(turn, skip_special_tokens=True)
+
+    def user_turn(self, text: str) -> list[int]:
+        return self.tokenizer.encode(f"{self.turn_close}<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n",
+                                     add_special_tokens=False)

@@ -2,11 +2,14 @@
 
 `tool_caller_from_config` picks what answers the calls: the built-in in-process calculator, or the
 tool services that a verl tool-config YAML names (tandem/tools/grpc_caller.py, over gRPC).
+`interactions_from_config` reads verl's interaction-config YAML: the EnvironmentServices that a row's
+`extra_info.interaction_kwargs.name` picks (tandem/tools/grpc_episodes.py, over gRPC).
 """
 from __future__ import annotations
 
 from tandem.config.errors import ConfigError
 from tandem.config.schema import MultiTurnConfig, RolloutConfig
+from tandem.generation.episodes import Interactions
 from tandem.generation.multi_turn import MultiTurn, ToolFormat
 from tandem.tools.calls import ToolCaller
 
@@ -26,9 +29,31 @@ def multi_turn_from_config(rollout: RolloutConfig, tokenizer) -> MultiTurn | Non
         # send again what it retried. Twice its longest deadline only guards against a caller that hangs.
         timeout_s = 2 * max([r.timeout_s or mt.tool_timeout_s for r in caller.routes.values()] or [mt.tool_timeout_s])
         retries = 0
-    return MultiTurn(caller, tool_format(mt, tokenizer), max_assistant_turns=mt.max_assistant_turns,
-                     timeout_s=timeout_s, retries=retries, max_tool_response_length=mt.max_tool_response_length,
-                     truncate_side=mt.tool_response_truncate_side)
+    fmt, interactions = tool_format(mt, tokenizer), interactions_from_config(mt)
+    if interactions is not None and not hasattr(fmt, "user_turn"):
+        raise ConfigError(f"{KEY}.interaction_config_path: the {type(fmt).__name__} (format={mt.format}) cannot write "
+                          "an environment's turns as text; use format=hermes with a chat tokenizer")
+    return MultiTurn(caller, fmt, max_assistant_turns=mt.max_assistant_turns, timeout_s=timeout_s, retries=retries,
+                     max_tool_response_length=mt.max_tool_response_length, truncate_side=mt.tool_response_truncate_side,
+                     interactions=interactions, max_user_turns=mt.max_user_turns)
+
+
+def interactions_from_config(mt: MultiTurnConfig) -> Interactions | None:
+    """The environments of verl's interaction-config YAML (None: no interaction_config_path). Each call's
+    deadline is its interaction's timeout_s, else tool_timeout_s; tool_retries after UNAVAILABLE."""
+    if mt.interaction_config_path is None:
+        return None
+    from tandem.tools.grpc_episodes import GrpcEnvironmentCaller
+    from tandem.tools.interaction_config import load_interaction_config
+    from tandem.tools.tool_config import ToolConfigError
+
+    try:
+        config = load_interaction_config(mt.interaction_config_path)
+    except ToolConfigError as e:
+        raise ConfigError(f"{KEY}.interaction_config_path: {e}") from None
+    caller = GrpcEnvironmentCaller(config.routes, timeout_s=mt.tool_timeout_s, max_retries=mt.tool_retries)
+    # the caller bounds each call itself; twice its longest deadline only guards against one that hangs
+    return Interactions(caller, timeout_s=2 * max(r.timeout_s or mt.tool_timeout_s for r in config.routes.values()))
 
 
 def tool_caller_from_config(mt: MultiTurnConfig) -> ToolCaller:

@@ -7,7 +7,10 @@ model, which the weight plane (tandem/weights/) refreshes in place after each ac
 
 Multi-turn (`tools`, tandem/rollout/tools.py): responses hold the tool observations too, as verl's
 multi-turn rollouts do: `attention_mask` covers every real token, `response_mask` the model's own
-tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's calls.
+tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's calls. With interactions
+configured, a row whose `extra_info.interaction_kwargs` names one plays an environment episode (verl's
+rule) and two columns come back: `turn_scores` (each Step's reward, verl's name) and `episode` (the
+row's EpisodeRecord as a dict; None for a row that played none).
 """
 from __future__ import annotations
 
@@ -39,8 +42,9 @@ class RolloutWorker:
         with the request's other tensors and columns repeated n times (prompt-major)."""
         ids, mask = batch["input_ids"], batch["attention_mask"]
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        tasks = interaction_tasks(batch) if self.tools is not None and self.tools.interactions is not None else None
         with sequence_parallel_off(self.model):  # a training layout with SP generates without it
-            res = self.engine.generate(prompts, params, tools=self.tools)
+            res = self.engine.generate(prompts, params, tools=self.tools, tasks=tasks)
         if self.free_cache_engine:  # the next call allocates (and on GPU captures) again
             self.release()
         model_tokens = res.response_mask
@@ -56,6 +60,9 @@ class RolloutWorker:
             **({} if res.tool_calls is None else {"tool_calls": res.tool_calls}),
         }, meta={"temperature": params.logprob_temperature, "rollout_n": params.n,
                  "weights_version": self.weights_version})
+        if res.episodes is not None:
+            out.columns["turn_scores"] = [[] if e is None else e["turn_scores"] for e in res.episodes]
+            out.columns["episode"] = res.episodes
         rest = batch.select(tensor_keys=[k for k in batch.tensors if k not in ("input_ids", "attention_mask")],
                             column_keys=list(batch.columns))
         if len(rest.tensors) or len(rest.columns):
@@ -86,3 +93,11 @@ class RolloutWorker:
         self.model.load_state_dict(weights, strict=False)
         self.weights_version = version
         return version
+
+
+def interaction_tasks(batch: DataProto) -> list[dict | None]:
+    """Each prompt's `extra_info.interaction_kwargs` (verl's place; `name` picks the interaction), or
+    None. Kwargs without a name (or not a mapping) still start an episode, which fails saying so."""
+    extra = batch.columns.get("extra_info") or [None] * len(batch)
+    kwargs = [info.get("interaction_kwargs") if isinstance(info, dict) else None for info in extra]
+    return [k if k is None or isinstance(k, dict) else {"name": ""} for k in kwargs]

@@ -1,5 +1,6 @@
-"""One tool call as the rollout sees it, and what answers it: the seam between multi-turn generation
-and the tool services (tandem/tools/grpc_caller.py), so the engine never waits on the network itself."""
+"""One tool call as the rollout sees it, and what answers it; an environment's episode likewise: the
+seam between multi-turn generation and the tool and environment services (tandem/tools/grpc_caller.py,
+grpc_episodes.py), so the engine never waits on the network itself."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,4 +22,31 @@ class ToolResult:
 class ToolCaller(Protocol):
     async def call(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """One result per call, in order; failures are results with ok=False, never exceptions."""
+        ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a StartEpisode or a Step gave."""
+    observation: str  # what the model is shown next; with error set, the error's message
+    reward: float = 0.0  # the step's reward (0 for a start or a failure)
+    done: bool = False  # the episode is over
+    error: str | None = None  # the call failed: the episode is over and this says why
+
+    @classmethod
+    def failed(cls, why: str) -> Outcome:
+        return cls(f"error: {why}", 0.0, True, why)
+
+
+class EnvironmentCaller(Protocol):
+    async def start(self, name: str, instance_id: str, task: dict) -> Outcome:
+        """Begin an episode of interaction `name` from a row's interaction_kwargs; never raises."""
+        ...
+
+    async def step(self, name: str, instance_id: str, action: str) -> Outcome:
+        """The model's turn as text -> the observation, reward and done; never raises."""
+        ...
+
+    async def close(self, name: str, instance_id: str) -> str | None:
+        """End the episode: None, or why closing failed; never raises."""
         ...

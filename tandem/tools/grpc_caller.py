@@ -10,33 +10,28 @@ Never raises for a failed call (only cancellation passes): an unknown tool, argu
 a JSON object, a deadline passed, a status other than OK, a tool's own error (is_error) and an
 empty answer each become ToolResult(ok=False, text="error: ...") that the model is shown and that
 names the tool. UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff inside the
-call's deadline, a retry waiting for an unreachable server to come back (a tool call is assumed safe
-to repeat when the server did not take it: that is what those codes say). One channel per server, opened on first use in the running event loop (a
-call from a new loop opens new ones: grpc.aio channels belong to one loop). A slow call holds only
-its own row: `call_as_completed` yields the others first; `call` returns when the last is done.
+call's deadline (tandem/tools/rpc_calls.py: a tool call is assumed safe to repeat when the server did
+not take it, which is what those codes say). One channel per server, opened on first use in the
+running event loop. A slow call holds only its own row: `call_as_completed` yields the others first;
+`call` returns when the last is done.
 
 Deliberately not here: parsing the model's text into calls, and truncating observations (the
-rollout's job); EnvironmentService episodes.
+rollout's job); EnvironmentService episodes (tandem/tools/grpc_episodes.py).
 """
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from typing import AsyncIterator, Mapping, Sequence
 
-import grpc
-
 from tandem.logging import get_logger
-from tandem.rpc.client import make_channel
 from tandem.tools.calls import ToolCall, ToolResult
+from tandem.tools.rpc_calls import DETAILS_CHARS, Channels, check_settings, send
 from tandem.tools.tool_config import ToolConfig, ToolRoute
 from tandem.v1 import tools_pb2, tools_pb2_grpc
 
 _log = get_logger("tandem.tools")
-RETRIED = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
-_DETAILS_CHARS = 300  # a status message shown to the model is cut here: it is an observation, not a log
 
 
 def error(text: str) -> ToolResult:
@@ -51,16 +46,11 @@ class GrpcToolCaller:
 
     def __init__(self, routes: Mapping[str, ToolRoute], *, timeout_s: float = 30.0, max_retries: int = 3,
                  retry_backoff_s: float = 0.1, max_concurrency: int = 256, max_message_mb: int = 16):
-        if timeout_s <= 0 or max_retries < 0 or retry_backoff_s < 0 or max_concurrency < 1:
-            raise ValueError(f"GrpcToolCaller: timeout_s={timeout_s} must be > 0, max_retries={max_retries} and "
-                             f"retry_backoff_s={retry_backoff_s} >= 0, max_concurrency={max_concurrency} >= 1")
+        check_settings("GrpcToolCaller", timeout_s, max_retries, retry_backoff_s, max_concurrency)
         self.routes = dict(routes)
         self.timeout_s, self.max_retries, self.retry_backoff_s = timeout_s, max_retries, retry_backoff_s
         self.max_concurrency, self.max_message_mb = max_concurrency, max_message_mb
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stubs: dict[tuple, tools_pb2_grpc.ToolServiceStub] = {}
-        self._channels: list[grpc.aio.Channel] = []
-        self._slots: asyncio.Semaphore | None = None
+        self._channels = Channels(tools_pb2_grpc.ToolServiceStub, max_concurrency, max_message_mb)
 
     @classmethod
     def from_tool_config(cls, config: ToolConfig, **kw) -> GrpcToolCaller:
@@ -90,7 +80,7 @@ class GrpcToolCaller:
             raise
         except Exception as e:  # noqa: BLE001 - a bug or a bad TLS file must not stop the rollout
             _log.warning("tool.call_failed", tool=call.name, error=f"{type(e).__name__}: {e}")
-            return error(f"tool {call.name!r} could not be called: {type(e).__name__}: {str(e)[:_DETAILS_CHARS]}")
+            return error(f"tool {call.name!r} could not be called: {type(e).__name__}: {str(e)[:DETAILS_CHARS]}")
 
     async def _call_one(self, call: ToolCall) -> ToolResult:
         route = self.routes.get(call.name)
@@ -102,9 +92,10 @@ class GrpcToolCaller:
         timeout_s = route.timeout_s or self.timeout_s
         call_id = uuid.uuid4().hex[:16]
         request = tools_pb2.CallToolRequest(name=call.name, arguments_json=arguments, call_id=call_id)
-        stub, slots = self._stub(route)
+        stub, slots = self._channels.get(route)
         async with slots:  # the deadline starts when the call is sent, not while it queues
-            reply, failure = await self._send(stub, request, timeout_s)
+            reply, failure = await send(stub.CallTool, request, timeout_s, max_retries=self.max_retries,
+                                        retry_backoff_s=self.retry_backoff_s, request_id=call_id)
         if failure is not None:
             _log.info("tool.call_failed", tool=call.name, call_id=call_id, failure=failure)
             return error(f"tool {call.name!r} {failure}")
@@ -114,47 +105,9 @@ class GrpcToolCaller:
             return error(f"tool {call.name!r} answered an empty observation")
         return ToolResult(reply.text, True)
 
-    async def _send(self, stub, request, timeout_s: float) -> tuple[tools_pb2.CallToolResponse | None, str | None]:
-        """(the reply, None), or (None, what went wrong) after the retries and within the deadline."""
-        deadline, last = time.monotonic() + timeout_s, None
-        for attempt in range(self.max_retries + 1):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            try:
-                # a retry waits for the channel within the deadline: without wait_for_ready grpc fails it at
-                # once until its own reconnect backoff has passed, so a restarting server would get no chance
-                return await stub.CallTool(request, timeout=left, metadata=(("x-request-id", request.call_id),),
-                                           wait_for_ready=attempt > 0), None
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                    break
-                last = f"failed: {code.name}: {(e.details() or '')[:_DETAILS_CHARS]}"
-                if code not in RETRIED or attempt == self.max_retries:
-                    return None, last
-                await asyncio.sleep(min(self.retry_backoff_s * 2 ** attempt, max(deadline - time.monotonic(), 0)))
-        if last is not None:
-            return None, f"{last} (retried for {timeout_s:g} s)"
-        return None, f"timed out after {timeout_s:g} s"
-
-    def _stub(self, route: ToolRoute) -> tuple[tools_pb2_grpc.ToolServiceStub, asyncio.Semaphore]:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:  # channels and semaphores belong to the loop they were made in
-            self._loop, self._stubs, self._channels = loop, {}, []
-            self._slots = asyncio.Semaphore(self.max_concurrency)
-        key = (route.endpoint, route.security)
-        if key not in self._stubs:
-            channel = make_channel(route.endpoint, self.max_message_mb, route.security)
-            self._channels.append(channel)
-            self._stubs[key] = tools_pb2_grpc.ToolServiceStub(channel)
-        return self._stubs[key], self._slots
-
     async def close(self) -> None:
         """Close the channels of the running loop's calls."""
-        channels, self._channels, self._stubs, self._loop = self._channels, [], {}, None
-        for channel in channels:
-            await channel.close()
+        await self._channels.close()
 
 
 def _arguments_json(call: ToolCall) -> str | ToolResult:

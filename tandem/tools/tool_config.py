@@ -58,16 +58,20 @@ class ToolConfig:
     notices: list[str] = field(default_factory=list)  # what each verl entry became, what is not used
 
 
-def load_tool_config(path: str, default_endpoint: str | None = None) -> ToolConfig:
-    """Read verl's tool-config YAML at `path`; ToolConfigError naming the field on any problem."""
+def read_yaml(path: str):
+    """A config file's YAML document; ToolConfigError naming the file when it cannot be read."""
     try:
         with open(path) as f:
-            doc = yaml.safe_load(f)
+            return yaml.safe_load(f)
     except OSError as e:
         raise ToolConfigError(f"{path}: cannot read: {e.strerror}") from None
     except yaml.YAMLError as e:
         raise ToolConfigError(f"{path}: not valid YAML: {e}") from None
-    return parse_tool_config(doc, os.path.dirname(os.path.abspath(path)), default_endpoint, source=path)
+
+
+def load_tool_config(path: str, default_endpoint: str | None = None) -> ToolConfig:
+    """Read verl's tool-config YAML at `path`; ToolConfigError naming the field on any problem."""
+    return parse_tool_config(read_yaml(path), os.path.dirname(os.path.abspath(path)), default_endpoint, source=path)
 
 
 def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, source: str = "tool config") -> ToolConfig:
@@ -91,7 +95,7 @@ def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, s
         config = entry.get("config") or {}
         if not isinstance(config, dict):
             fail(f"{key}.config", f"must be a mapping, got {type(config).__name__}")
-        routes[name] = _route(config, f"{key}.config", name, base_dir, default_endpoint, fail)
+        routes[name] = route_of(config, f"{key}.config", name, base_dir, default_endpoint, fail)
         schemas.append(entry["tool_schema"])
         unused = sorted(set(config) - _TANDEM_KEYS)
         what = f" ({entry['class_name']})" if entry.get("class_name") else ""
@@ -101,13 +105,16 @@ def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, s
     return ToolConfig(schemas, routes, notices)
 
 
-def _route(config: dict, key: str, name: str, base_dir: str, default_endpoint, fail) -> ToolRoute:
+def route_of(config: dict, key: str, name: str, base_dir: str, default_endpoint, fail,
+             service: str = "ToolService") -> ToolRoute:
+    """An entry's `config` -> where it is served (endpoint, timeout_s, auth, tls); `fail(key, why)` raises.
+    Also read by interaction_config.py: an EnvironmentService is located the same way."""
     if config.get("type", "native") != "native":
         fail(f"{key}.type", f"{config['type']!r}: only native tools; an MCP server (or any other) is "
                             "called through a ToolService in front of it (docs/tools.md)")
     endpoint = config.get("endpoint", default_endpoint)
     if endpoint is None:
-        fail(f"{key}.endpoint", f"missing: the HOST:PORT of the ToolService that serves {name!r}")
+        fail(f"{key}.endpoint", f"missing: the HOST:PORT of the {service} that serves {name!r}")
     host, _, port = str(endpoint).rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         fail(f"{key}.endpoint", f"{endpoint!r} is not HOST:PORT")

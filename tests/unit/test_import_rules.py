@@ -21,7 +21,7 @@ V1_ALLOWED = ["tandem/data/codec.py", "tandem/rpc/*", "services/*/servicer.py", 
               "tandem/weights/wire.py", "tandem/weights/client.py", "tandem/weights/source_servicer.py",
               "tandem/weights/streams.py", "controller/clients.py", "services/reward/examples/*", "tandem/v1/*",
               "tandem/reward/conformance.py", "tandem/tools/conformance.py", "tandem/tools/grpc_caller.py",
-              "services/tools/examples/*"]
+              "tandem/tools/grpc_episodes.py", "services/tools/examples/*"]
 
 
 def source_files(top: str) -> list[pathlib.Path]:

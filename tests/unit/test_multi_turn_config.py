@@ -26,14 +26,60 @@ def test_verl_keys_are_taken_and_sglang_ones_refused_by_name():
     cfg = load_config(overrides=[f"{MT}.enable=true", f"{MT}.max_assistant_turns=3", "data.tool_config_path=null",
                                  f"{MT}.tokenization_sanity_check_mode=strict"])  # verl's defaults: accepted
     assert cfg.actor_rollout_ref.rollout.multi_turn.enable and cfg.actor_rollout_ref.rollout.multi_turn.max_assistant_turns == 3
-    for key in ("interaction_config_path=x.yaml", "max_user_turns=2", "use_inference_chat_template=true",
-                "num_repeat_rollouts=2", "tokenization_sanity_check_mode=disable"):
+    for key in ("use_inference_chat_template=true", "num_repeat_rollouts=2", "tokenization_sanity_check_mode=disable"):
         with pytest.raises(ConfigError, match=f"{MT}.{key.split('=')[0]}.*SGLang"):
             load_config(overrides=[f"{MT}.{key}"])
     with pytest.raises(ConfigError, match=f"data.tool_config_path.*{MT}.tool_config_path"):
         load_config(overrides=["data.tool_config_path=tools.yaml"])
     with pytest.raises(ConfigError, match=f"{MT}.format"):
         load_config(overrides=[f"{MT}.format=xml"])
+
+
+def chat_tokenizer(path):
+    """A character tokenizer with the Hermes format's special tokens (a Qwen2.5-style chat model's)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(build_tokenizer(str(path), list(
+        "abcdefghijklmnopqrstuvwxyz0123456789{}[]\":,_ +\n<>/|.")))
+    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>", "<|im_end|>",
+                                                          "<|im_start|>"]})
+    return tok
+
+
+def test_interactions_come_from_verl_keys_and_their_yaml(tool_tokenizer, tmp_path):
+    """multi_turn.interaction_config_path and max_user_turns are taken; the YAML's entries become
+    EnvironmentService routes by name (verl's name from the class when none is given); a bad file is an
+    error naming the file and the field; the calculator format cannot write an environment's turns."""
+    good = tmp_path / "interactions.yaml"
+    good.write_text("interaction:\n  - name: guess_number\n    class_name: x.GuessNumberInteraction\n"
+                    "    config: {endpoint: '127.0.0.1:50090', timeout_s: 5, max_guesses: 3}\n"
+                    "  - class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n"
+                    "    config: {endpoint: 'h:1'}\n")
+    keys = [f"{MT}.enable=true", f"{MT}.interaction_config_path={good}", f"{MT}.max_user_turns=2",
+            f"{MT}.format=hermes"]
+    mt = multi_turn_from_config(load_config(overrides=keys).actor_rollout_ref.rollout, chat_tokenizer(tmp_path / "t"))
+    routes = mt.interactions.caller.routes
+    assert sorted(routes) == ["gsm8k", "guess_number"] and routes["guess_number"].endpoint == "127.0.0.1:50090"
+    assert routes["guess_number"].timeout_s == 5 and mt.interactions.timeout_s == 2 * 30 and mt.max_user_turns == 2
+    from tandem.tools.interaction_config import load_interaction_config
+
+    assert "not used (settings of verl's interaction class): interaction[0].config.max_guesses" in \
+        load_interaction_config(str(good)).notices[0]
+    for text, problem in [("interaction:\n  - name: g\n    config: {}\n",
+                           r"interaction\[0\]\.config\.endpoint: missing: the HOST:PORT of the EnvironmentService"),
+                          ("interaction:\n  - {name: g, config: {endpoint: nohost}}\n",
+                           r"interaction\[0\]\.config\.endpoint: 'nohost' is not HOST:PORT"),
+                          ("interaction:\n  - {name: g, config: {endpoint: 'h:1'}}\n  - {name: g, config: {}}\n",
+                           r"interaction\[1\]\.name: 'g' is named by an earlier interaction"),
+                          ("interactions: []\n", "interaction: must be a non-empty list")]:
+        (tmp_path / "bad.yaml").write_text(text)
+        bad = [f"{MT}.enable=true", f"{MT}.interaction_config_path={tmp_path / 'bad.yaml'}"]
+        with pytest.raises(ConfigError, match=f"{MT}.interaction_config_path: {tmp_path / 'bad.yaml'}: {problem}"):
+            multi_turn_from_config(load_config(overrides=bad).actor_rollout_ref.rollout, tool_tokenizer)
+    with pytest.raises(ConfigError, match=f"{MT}.interaction_config_path: the CalculatorFormat .*format=hermes"):
+        multi_turn_from_config(load_config(overrides=keys[:2]).actor_rollout_ref.rollout, tool_tokenizer)
+    with pytest.raises(ConfigError, match=f"{MT}.max_user_turns"):
+        load_config(overrides=[f"{MT}.max_user_turns=-1"])
 
 
 def test_the_rollout_builds_the_calculator_turns(tool_tokenizer):
@@ -80,12 +126,7 @@ def test_hermes_needs_the_tool_call_tokens(tool_tokenizer):
 
 
 def test_hermes_format_with_a_chat_tokenizer(tmp_path):
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(build_tokenizer(str(tmp_path / "t"), list(
-        "abcdefghijklmnopqrstuvwxyz0123456789{}[]\":,_ +\n<>/|")))
-    tok.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>", "<|im_end|>",
-                                                          "<|im_start|>"]})
+    tok = chat_tokenizer(tmp_path / "t")
     fmt = HermesFormat(tok, max_parallel_calls=2)
     body = json.dumps({"name": "calculator", "arguments": {"expression": "1+2"}})
     turn = tok(f"ok <tool_call>\n{body}\n</tool_call><tool_call>\nnot json\n</tool_call>",
@@ -93,6 +134,10 @@ def test_hermes_format_with_a_chat_tokenizer(tmp_path):
     assert fmt.parse(turn[:turn.index(fmt.end_id) + 1]) == [ToolCall("calculator", {"expression": "1+2"})]
     text = tok.decode(fmt.observation([ToolResult("3", True)]))
     assert text == "<|im_end|>\n<|im_start|>user\n<tool_response>\n3\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    # an environment's turn follows the model's own end of turn (this tokenizer's EOS is not <|im_end|>)
+    assert fmt.turn_text(tok("ok 42", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]) == "ok 42"
+    assert tok.decode(fmt.user_turn("lower.")) == \
+        "<|im_end|>\n<|im_start|>user\nlower.<|im_end|>\n<|im_start|>assistant\n"
 
 
 def test_the_tool_task_data_and_reward(tool_tokenizer):

@@ -40,6 +40,7 @@ def check_multi_turn(cfg: TandemConfig) -> None:
           f"{mt.tool_response_truncate_side!r}; known: left, right, middle")
     check(mt.tool_timeout_s > 0, f"{key}.tool_timeout_s", "must be > 0")
     check(mt.tool_retries >= 0, f"{key}.tool_retries", "must be >= 0")
+    check(mt.max_user_turns is None or mt.max_user_turns >= 0, f"{key}.max_user_turns", "must be >= 0 (or null)")
 
 
 def check_val_kwargs(cfg: TandemConfig) -> None:
