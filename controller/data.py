@@ -2,7 +2,9 @@
 
 Columns: `prompt` (chat messages; data.prompt_key), `data_source` (data.reward_fn_key),
 `reward_model.ground_truth`, `extra_info`; one file or a list of files. A tokenizer with a chat template renders the messages with it; one
-without (the built-in character tokenizer) takes the messages' contents as the text.
+without (the built-in character tokenizer) takes the messages' contents as the text. With tools
+configured (multi_turn.tool_config_path) the chat template is also given their schemas, as verl's
+tool agent loop gives them: the model is shown what it may call.
 Deliberately not here: writing the built-in task's files (tandem/tasks/), SFT targets
 (controller/sft.py).
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from tandem.config.errors import ConfigError
 from tandem.data.batch import DataProto
 from tandem.logging import get_logger
 
@@ -42,13 +45,31 @@ def read_rows(path: str) -> list[dict]:
     raise ValueError(f"data file {path!r}: expected .parquet or .jsonl")
 
 
-def render_prompt(messages, tokenizer, chat_kwargs: dict | None = None) -> str:
+def render_prompt(messages, tokenizer, chat_kwargs: dict | None = None, tools: list[dict] | None = None) -> str:
     if isinstance(messages, str):
         return messages
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                             **(chat_kwargs or {}))
+        kwargs = {**(chat_kwargs or {}), **({"tools": tools} if tools else {})}  # no tools: the call as before
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
     return "".join(m["content"] for m in messages)
+
+
+def prompt_tools(mt) -> list[dict] | None:
+    """The tool schemas the prompts show (rollout.multi_turn): those of the tool-config YAML, when
+    multi-turn is on with tool services; None otherwise (the built-in calculator's format is taught
+    by the warm start, not described in the prompt).
+
+    From the YAML, as verl does, not from the services' ListTools: the data is rendered before any
+    service starts and must render the same on a resume whatever a server answers then, and a server
+    may serve more tools than the YAML routes to it (the model is shown only what it can reach)."""
+    if not mt.enable or mt.tool_config_path is None:
+        return None
+    from tandem.tools.tool_config import ToolConfigError, load_tool_schemas
+
+    try:
+        return load_tool_schemas(mt.tool_config_path)
+    except ToolConfigError as e:
+        raise ConfigError(f"actor_rollout_ref.rollout.multi_turn.tool_config_path: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -60,11 +81,12 @@ class PromptSpec:
     filter_overlong_prompts: bool = True
     truncation: str = "error"  # error | left | right | middle (when not filtered)
     chat_kwargs: dict | None = None
+    tools: list[dict] | None = None  # function schemas for the chat template (prompt_tools)
 
     @classmethod
-    def of(cls, d) -> PromptSpec:
+    def of(cls, d, tools: list[dict] | None = None) -> PromptSpec:
         return cls(d.max_prompt_length, d.prompt_key, d.reward_fn_key, d.filter_overlong_prompts, d.truncation,
-                   dict(d.apply_chat_template_kwargs))
+                   dict(d.apply_chat_template_kwargs), tools)
 
 
 def _fit(ids: list[int], spec: PromptSpec, where: str) -> list[int] | None:
@@ -91,7 +113,7 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
     whose prompt tokenizes to nothing (no step could generate from it) are skipped (logged with
     their rows). Both are counted in `skipped` ({"overlong": n, "empty_prompt": n}) when given."""
     spec = spec or PromptSpec(max_prompt_length)
-    out, dropped, empty = [], 0, []
+    out, dropped, empty, unshown, tools_kwargs = [], 0, [], 0, 0
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     paths = [path] if isinstance(path, str) else list(path)
     rows = [(p, i, row) for p in paths for i, row in enumerate(read_rows(p))]
@@ -99,7 +121,10 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
         for key in (spec.prompt_key, "reward_model"):
             if key not in row:
                 raise ValueError(f"{p}: row {i} has no column {key!r}")
-        text = render_prompt(row[spec.prompt_key], tokenizer, spec.chat_kwargs)
+        text = render_prompt(row[spec.prompt_key], tokenizer, spec.chat_kwargs, spec.tools)
+        if spec.tools:
+            unshown += isinstance(row[spec.prompt_key], str) or not getattr(tokenizer, "chat_template", None)
+            tools_kwargs += isinstance(row.get("extra_info"), dict) and bool(row["extra_info"].get("tools_kwargs"))
         tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not tokens:
             empty.append(f"{p}: row {i}")
@@ -115,6 +140,11 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
                      max_prompt_length=spec.max_prompt_length)
     if empty:
         _log.warning("data.empty_prompts_skipped", path=paths, skipped=len(empty), rows=empty[:20])
+    if unshown:  # a plain-text prompt, or a tokenizer without a chat template, has no place for them
+        _log.warning("data.tool_schemas_not_shown", path=paths, rows=unshown,
+                     why="the prompt is plain text or the tokenizer has no chat template")
+    if tools_kwargs:  # verl's per-row create_kwargs: a ToolService call carries only name and arguments
+        _log.warning("data.tools_kwargs_ignored", path=paths, rows=tools_kwargs)
     if skipped is not None:
         skipped.update({"overlong": dropped, "empty_prompt": len(empty)})
     if not out:
@@ -123,14 +153,14 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
     return out
 
 
-def load_split(d, which: str, tokenizer, skipped: dict | None = None) -> list[Example]:
+def load_split(d, which: str, tokenizer, skipped: dict | None = None, tools: list[dict] | None = None) -> list[Example]:
     """data.train_files (which="train") or data.val_files ("val") with data.*'s options ([] when
-    unset); `skipped`: see load_examples."""
+    unset), showing `tools` (prompt_tools) in chat prompts; `skipped`: see load_examples."""
     files = d.train_files if which == "train" else d.val_files
     if not files:
         return []
     max_samples = d.train_max_samples if which == "train" else d.val_max_samples
-    return load_examples(files, tokenizer, spec=PromptSpec.of(d), max_samples=max_samples, skipped=skipped)
+    return load_examples(files, tokenizer, spec=PromptSpec.of(d, tools), max_samples=max_samples, skipped=skipped)
 
 
 def with_epoch_steps(cfg, train_rows: int):

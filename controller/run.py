@@ -38,7 +38,7 @@ from tandem.config import TandemConfig
 from tandem.controller import checkpointing
 from tandem.controller.async_train import train_async
 from tandem.controller.cancel import CancelFlag, RunCancelled, save_on_cancel
-from tandem.controller.data import Cursor, collate, load_split, with_epoch_steps
+from tandem.controller.data import Cursor, collate, load_split, prompt_tools, with_epoch_steps
 from tandem.controller.launchers import LaunchContext, Launcher, endpoints, get_launcher
 from tandem.controller.plot import plot_run
 from tandem.controller.recovery import STATELESS, Supervisor
@@ -102,9 +102,10 @@ class Run:
         self.tokenizer = load_tokenizer(cfg.actor_rollout_ref.model.tokenizer_path)
         d, k = cfg.data, cfg.algorithm.kl_ctrl
         skipped: dict[str, dict] = {"train": {}, "val": {}}  # rows no step can use, by reason (summary.json)
-        self.train, self.dev = split_dev(load_split(d, "train", self.tokenizer, skipped["train"]),
+        tools = prompt_tools(cfg.actor_rollout_ref.rollout.multi_turn)  # schemas the chat prompts show
+        self.train, self.dev = split_dev(load_split(d, "train", self.tokenizer, skipped["train"], tools),
                                          cfg.trainer.sft, d.seed)  # dev: SFT's stop (controller/sft.py)
-        self.val = load_split(d, "val", self.tokenizer, skipped["val"])
+        self.val = load_split(d, "val", self.tokenizer, skipped["val"], tools)
         self.cfg = cfg = with_epoch_steps(cfg, len(self.train))  # verl's trainer.total_epochs
         # Stateful parts (controller_state.json)
         self.cursor = Cursor(len(self.train), seed=d.seed, shuffle=d.shuffle)

@@ -20,6 +20,7 @@ any. Relative file paths are read from the YAML file's folder. Every other `conf
 setting of verl's Python class and does nothing here: it comes back as a notice naming it. verl's
 MCP tools (`config.type: mcp`) are refused: serve them behind a ToolService. Errors are
 ToolConfigError naming the file and the field (`tools[1].tool_schema.function.name: ...`).
+`load_tool_schemas` reads the schemas alone: what the prompts show (controller/data.py).
 """
 from __future__ import annotations
 
@@ -74,14 +75,21 @@ def load_tool_config(path: str, default_endpoint: str | None = None) -> ToolConf
     return parse_tool_config(read_yaml(path), os.path.dirname(os.path.abspath(path)), default_endpoint, source=path)
 
 
-def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, source: str = "tool config") -> ToolConfig:
+def load_tool_schemas(path: str) -> list[dict]:
+    """Only the tools' schemas (what the prompts show), checked as load_tool_config checks them. No
+    route is read: the process that renders prompts need not hold the tools' token or TLS files."""
+    return parse_tool_schemas(read_yaml(path), source=path)
+
+
+def parse_tool_schemas(doc, source: str = "tool config") -> list[dict]:
+    """Each entry's tool_schema, in file order; ToolConfigError naming the field."""
     def fail(key: str, why: str):
         raise ToolConfigError(f"{source}: {key}: {why}")
 
     tools = doc.get("tools") if isinstance(doc, dict) else None
     if not isinstance(tools, list) or not tools:
         fail("tools", "must be a non-empty list of tools (verl's tool-config format)")
-    schemas, routes, notices = [], {}, []
+    names = []
     for i, entry in enumerate(tools):
         key = f"tools[{i}]"
         if not isinstance(entry, dict):
@@ -90,8 +98,21 @@ def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, s
         if problems:
             raise ToolConfigError(f"{source}: " + "; ".join(problems))
         name = entry["tool_schema"]["function"]["name"]
-        if name in routes:
+        if name in names:
             fail(f"{key}.tool_schema.function.name", f"{name!r} is named by an earlier tool too")
+        names.append(name)
+    return [entry["tool_schema"] for entry in tools]
+
+
+def parse_tool_config(doc, base_dir: str, default_endpoint: str | None = None, source: str = "tool config") -> ToolConfig:
+    def fail(key: str, why: str):
+        raise ToolConfigError(f"{source}: {key}: {why}")
+
+    parse_tool_schemas(doc, source)  # every schema checked before any route is read
+    schemas, routes, notices = [], {}, []
+    for i, entry in enumerate(doc["tools"]):
+        key = f"tools[{i}]"
+        name = entry["tool_schema"]["function"]["name"]
         config = entry.get("config") or {}
         if not isinstance(config, dict):
             fail(f"{key}.config", f"must be a mapping, got {type(config).__name__}")

@@ -10,16 +10,21 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def server_process(cmd: list[str], port_file, timeout_s: float = 60, cwd=ROOT, env: dict | None = None):
-    """Run `cmd` (which writes its bound port to `port_file`) -> "127.0.0.1:PORT"; SIGTERM at exit."""
+def server_process(cmd: list[str], port_file, timeout_s: float = 60, cwd=ROOT, env: dict | None = None,
+                   log_file=None):
+    """Run `cmd` (which writes its bound port to `port_file`) -> "127.0.0.1:PORT"; SIGTERM at exit.
+    `log_file`: its output goes there, for the test to read (a pipe read only at exit would fill
+    and stall a server that logs every call)."""
     port_file = pathlib.Path(port_file)
     port_file.unlink(missing_ok=True)  # a stale file would point at a stopped server
     env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}", **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = open(log_file, "w") if log_file else subprocess.PIPE
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + timeout_s
         while not port_file.exists():
-            assert proc.poll() is None, f"{cmd[:3]} exited {proc.returncode}: {proc.stdout.read()}"
+            assert proc.poll() is None, (f"{cmd[:3]} exited {proc.returncode}: "
+                                         f"{proc.stdout.read() if proc.stdout else pathlib.Path(log_file).read_text()}")
             assert time.monotonic() < deadline, f"{cmd[:3]} did not start in {timeout_s} s"
             time.sleep(0.05)
         yield f"127.0.0.1:{int(port_file.read_text())}"
@@ -31,3 +36,5 @@ def server_process(cmd: list[str], port_file, timeout_s: float = 60, cwd=ROOT, e
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if log_file:
+            out.close()

@@ -2,7 +2,6 @@
 cache and decode on. The tokens equal a from-scratch recompute of the whole sequence; failures and
 timeouts become observations; a slow tool holds only its own row."""
 import asyncio
-import sys
 import time
 
 import pytest
@@ -166,24 +165,14 @@ class CalculatorCalls(Format):
 def test_tool_services_named_by_a_verl_tool_config_answer(model, end_id, tmp_path):
     """multi_turn.tool_config_path: the engine's calls go over gRPC to the example calculator in its own
     process, at the endpoint verl's tool-config YAML names; its answers and its errors come back."""
-    from server_process import server_process
+    from tool_server import calculator_tool_config
 
     from tandem.config import load_config
     from tandem.rollout.tools import tool_caller_from_config
 
-    cmd = [sys.executable, "-m", "tandem.services.tools.examples.server", "--port-file", str(tmp_path / "port")]
-    with server_process(cmd, tmp_path / "port") as endpoint:
-        (tmp_path / "tools.yaml").write_text(f"""tools:
-  - class_name: tandem.calculator
-    config: {{endpoint: "{endpoint}"}}
-    tool_schema:
-      type: function
-      function:
-        name: calculator
-        parameters: {{type: object, properties: {{expression: {{type: string}}}}, required: [expression]}}
-""")
+    with calculator_tool_config(tmp_path) as tools_yaml:
         mt_cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true",
-                                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tmp_path / 'tools.yaml'}"]
+                                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}"]
                              ).actor_rollout_ref.rollout.multi_turn
         engine = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
         fmt = CalculatorCalls(end_id)

@@ -5,7 +5,8 @@ guess-the-number environment (guess_number.py) as an EnvironmentService, on one 
     tandem conformance --contract tools 127.0.0.1:PORT
 
 Served by tandem.rpc.server like Tandem's own services: grpc.health.v1, reflection, errors as
-statuses naming the field, a graceful stop on SIGTERM. Locked like them: --token-file / --token-env
+statuses naming the field, a graceful stop on SIGTERM, their JSON log lines on stderr (an `rpc` line
+per call, with its method and status code). Locked like them: --token-file / --token-env
 require `authorization: Bearer <token>` (health too unless --health-without-token); --tls-cert and
 --tls-key serve TLS (--tls-ca with --require-client-cert: mutual). Binds 127.0.0.1 unless --host
 says otherwise; beyond loopback only with a token or --insecure. The Node.js twin: node/server.js.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from tandem.logging import configure_logging
 from tandem.rpc.auth import read_token
 from tandem.rpc.errors import InvalidArgument, NotFound
 from tandem.rpc.exposure import exposure_problem
@@ -94,6 +96,7 @@ def main(argv=None) -> None:
     if problem:
         p.error(f"--host {a.host}: {problem}; set --token-file, or --insecure")
     servicers = [(TOOL_SERVICE, CalculatorServicer()), (ENV_SERVICE, GuessNumberServicer())]
+    configure_logging(role="tools")
     run_server(serve(servicers, role="tools", host=a.host, port=a.port, port_file=a.port_file, security=security))
 
 
