@@ -6,12 +6,13 @@ token. `ToolTurns.pause` picks the rows that stopped there with turns and budget
 turn's calls and issues them at once on `ToolLoop`'s event loop (a thread): every row's calls are
 one `ToolCaller.call` of their own, so a slow tool holds only the rows that called it. Each call
 has a deadline and retries; what still fails becomes an error observation (ok=False), never an
-exception or an empty answer. `ToolTurns.resume` feeds each answered row's observation tokens into
-its cache slot (turn_prefill.continue_row: the prefix is not recomputed) and hands the slot back to the
-scheduler. The engine waits on the tools only when no row can decode (Scheduler.stalled). At TP > 1
-(lockstep: every rank of the group runs this loop) only the group's first rank calls the tools and
-broadcasts the answers: a tool answering two ranks differently (a timeout on one, a stateful tool)
-must not split the group's rows, and a side effect must happen once.
+exception or an empty answer. `ToolTurns.resume` feeds the answered rows' observation tokens into
+their cache slots in one forward (turn_prefill.continue_rows: the prefixes are not recomputed) and
+hands the slots back to the scheduler. The engine waits on the tools only when no row can decode
+(Scheduler.stalled). At TP > 1 (lockstep: every rank of the group runs this loop) only the group's
+first rank calls the tools and broadcasts the answers that have come: a tool answering two ranks
+differently (a timeout on one, a stateful tool) must not split the group's rows, a side effect must
+happen once, and a slow tool holds only its rows there too.
 
 Environments (`MultiTurn.interactions`, episodes.py): a row whose data names an interaction also
 pauses when it ends a turn on a stop token (not a tool call); the turn's text is its episode's next
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from tandem.generation.episodes import Episodes, Interactions
-from tandem.generation.turn_prefill import continue_row, end_row, stopped_at
+from tandem.generation.turn_prefill import continue_rows, end_row, stopped_at
 from tandem.tools.calls import ToolCall, ToolCaller, ToolResult
 
 
@@ -171,19 +172,21 @@ class ToolTurns:
                          if self._maybe_call(s, row, index, token, runner, stopped=True))
 
     def resume(self, runner, sched, block: bool, lockstep: bool = False, poll_s: float = 0.5) -> None:
-        """Continue every row whose answer has come (with block: wait up to poll_s for one first).
-        lockstep (TP > 1: every rank of the group runs this loop): wait for every call in flight,
-        so all ranks resume the same rows at the same step and plan the same decode shapes."""
-        futures = [p[2] for p in self.pending.values()]
-        answers = None
-        if lockstep and futures:
-            concurrent.futures.wait(futures)
-            answers = _from_first_rank({s: p[2].result() for s, p in self.pending.items()})
-        elif block and futures:
-            concurrent.futures.wait(futures, timeout=poll_s, return_when=concurrent.futures.FIRST_COMPLETED)
-        for slot in [s for s, p in self.pending.items() if p[2].done()]:
-            row, index, fut, env = self.pending.pop(slot)
-            result = fut.result() if answers is None else answers[slot]
+        """Continue every row whose answer has come (with block: wait up to poll_s for one first), all
+        in one continuation prefill. lockstep (TP > 1: every rank of the group runs this loop): the
+        calling rank's answered rows, with their answers, go to every rank, so all ranks resume the same
+        rows at the same step and plan the same decode shapes, while the rows still waiting wait alone."""
+        if not self.pending:
+            return
+        if block and self.calling:
+            concurrent.futures.wait([p[2] for p in self.pending.values()], timeout=poll_s,
+                                    return_when=concurrent.futures.FIRST_COMPLETED)
+        answered = {s: p[2].result() for s, p in self.pending.items() if self.calling and p[2].done()}
+        if lockstep:
+            answered = _from_first_rank(answered)
+        ready = []  # (slot, row, index, observation) of the rows that go on
+        for slot, result in answered.items():
+            row, index, _, env = self.pending.pop(slot)
             self.user_turns[row] += 1
             if env:
                 self.episodes.record(row, result)
@@ -193,7 +196,9 @@ class ToolTurns:
                     continue
             else:
                 obs = self.mt.format.observation(result)
-            nxt, token, going = continue_row(runner, slot, index, obs)
+            ready.append((slot, row, index, obs))
+        went_on = continue_rows(runner, [(slot, index, obs) for slot, _, index, obs in ready])
+        for (slot, row, index, obs), (nxt, token, going) in zip(ready, went_on):
             self.turns[row] += 1
             self.turn_start[row] = min(index + 1 + len(obs), nxt)
             if not self._maybe_call(slot, row, nxt, token, runner, stopped=not going):  # a turn may end at once

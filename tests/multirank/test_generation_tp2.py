@@ -1,7 +1,8 @@
 """The generation engine at TP=2 over gloo (2 processes): greedy equals full recompute,
 both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights; also
 multi-turn rows whose tool answers each rank at its own pace and in its own words: only the first rank
-calls it and the others take its answers, so the ranks plan alike and keep the same rows.
+calls it and the others take its answers, so the ranks plan alike and keep the same rows; a slow call
+holds only its own row.
 
 This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK tcp://HOST:PORT OUT_DIR`.
 """
@@ -43,6 +44,28 @@ class RankPacedTool:
         return [ToolResult(f"rank{self.rank}", True) for _ in calls]
 
 
+class SlowFirst(RankPacedTool):
+    """Holds its first call until no other row is decoding (or 30 s: then says so): at TP > 1 the rows
+    still decode while one row waits on a slow tool."""
+
+    def __init__(self, rank, engine):
+        super().__init__(rank)
+        self.engine, self.stalled = engine, False
+
+    async def call(self, calls):
+        import asyncio
+        import time
+
+        if self.calls == 0:
+            deadline = time.monotonic() + 30
+            while bool(self.engine.runner.alive.any()):
+                if time.monotonic() > deadline:
+                    self.stalled = True
+                    break
+                await asyncio.sleep(0.005)
+        return await super().call(calls)
+
+
 class OneTokenAnswers:
     end_id = 3  # a token this model writes often
 
@@ -68,6 +91,11 @@ def generate(model, rank=0):
                        tools=MultiTurn(tool, OneTokenAnswers(), max_assistant_turns=3))
     assert multi.tool_calls.sum() >= 2, "the test needs rows that call the tool"
     assert (tool.calls > 0) == (rank == 0), f"rank {rank} made {tool.calls} tool calls"
+    slow_tool = SlowFirst(rank, e)
+    slow = e.generate(PROMPTS, SamplingParams(max_new_tokens=12, greedy=True),
+                      tools=MultiTurn(slow_tool, OneTokenAnswers(), max_assistant_turns=3))
+    assert not slow_tool.stalled, "a slow tool held the other rows at TP > 1"
+    assert torch.equal(slow.responses, multi.responses) and torch.equal(slow.observation_mask, multi.observation_mask)
     return {"greedy": greedy.responses, "greedy_mask": greedy.response_mask,
             "greedy_lp": greedy.rollout_log_probs, "sampled": sampled.responses,
             "sampled_lp": sampled.rollout_log_probs, "multi": multi.responses,

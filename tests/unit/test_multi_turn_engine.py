@@ -51,6 +51,26 @@ class Echo:
         return [ToolResult("ok", True) for _ in calls]
 
 
+class InPairs:
+    """Answers calls two at a time (a lone call after 2 s), so answers come back together."""
+
+    def __init__(self):
+        self.waiting: list[asyncio.Future] = []
+
+    async def call(self, calls):
+        done = asyncio.get_running_loop().create_future()
+        self.waiting.append(done)
+        if len(self.waiting) >= 2:
+            for f in self.waiting:
+                f.set_result(None)
+            self.waiting = []
+        try:
+            await asyncio.wait_for(asyncio.shield(done), 2)
+        except asyncio.TimeoutError:
+            self.waiting.remove(done)
+        return [ToolResult("ok", True) for _ in calls]
+
+
 class Raises:
     def __init__(self):
         self.attempts = 0
@@ -90,11 +110,24 @@ def generate(model, caller, end_id, engine=None, **kw):
     return res, fmt, engine
 
 
-def test_observations_continue_on_the_cached_prefix(model, end_id):
+def test_observations_continue_on_the_cached_prefix(model, end_id, monkeypatch):
     """Greedy multi-turn rows: every model token is the argmax of a from-scratch forward of the
     whole sequence (observations included) and its log-prob matches; only the prompts, the call
-    tokens and the observations went through the model outside decode (no prefix recompute)."""
-    res, fmt, engine = generate(model, Echo(), end_id)
+    tokens and the observations went through the model outside decode (no prefix recompute); rows
+    answered together continue in one forward."""
+    from tandem.generation import multi_turn
+
+    batches = []
+
+    def recorded(runner, turns):
+        if turns:
+            batches.append(len(turns))
+        return continue_rows(runner, turns)
+
+    continue_rows = multi_turn.continue_rows
+    monkeypatch.setattr(multi_turn, "continue_rows", recorded)
+    res, fmt, engine = generate(model, InPairs(), end_id)
+    assert max(batches) > 1 and len(batches) < sum(batches), f"continuation batches {batches}"
     obs = res.observation_mask.bool()
     assert res.tool_calls.sum() >= 3 and obs.any(), "the test needs rows that call the tool"
     assert all(r.ok for r in fmt.seen)
