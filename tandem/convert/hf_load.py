@@ -3,9 +3,9 @@
 Strict (nanoGPT's from_pretrained / vLLM's load_weights): any HF key the table does not know,
 any HF key it expects but the checkpoint lacks, and any megatron parameter left unloaded raise
 ValueError naming them. The checkpoint's files are read in parallel, one reader thread per file
-(up to READERS; safetensors and torch release the GIL while they read and copy), each tensor
-straight onto the parameters' device (safe_open(device=...): on a GPU nothing is staged in host
-memory by us, and the NaN/inf check runs there). The parts of a fused mapping (q/k/v, gate/up) may
+(up to READERS; safetensors maps the files, so the reads happen in torch's copies and checks,
+which release the GIL), each tensor straight onto the parameters' device (safe_open(device=...):
+on a GPU nothing is staged in host memory by us, and the NaN/inf check runs there). The parts of a fused mapping (q/k/v, gate/up) may
 sit in different files: they are held, under the load's lock, only until the last part arrives.
 
 The name table is the checkpoint's family's (config.json's architecture, tandem/models/registry.py).
