@@ -11,6 +11,7 @@ import os
 import grpc
 import psutil
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rpc_expect import expect_error  # tests/helpers
 
@@ -77,8 +78,9 @@ def test_configure_release_and_the_holder(pool, run_config):
         held = await life.describe()
         assert held["run_id"] == "run-a" and held["tensor_bytes"] > 10 * free["tensor_bytes"]
         # the run's start-up phases, in order (no checkpoint: no load; long-lived: no process start)
+        compiled = ["compile wrap"] if torch.cuda.is_available() else []  # use_torch_compile, on GPUs only
         assert free["startup"] == [] and [name for name, _ in held["startup"]] == [
-            "config, seed", "tokenizer", "build policy", "DDP wrap (gradient buffers)", "build reference",
+            "config, seed", "tokenizer", "build policy", "DDP wrap (gradient buffers)", "build reference", *compiled,
             "copy policy to reference", "optimizer", "colocated rollout", "build, other", "servicers"]
         assert all(s >= 0 for _, s in held["startup"]) and dict(held["startup"])["build policy"] > 0
         assert await health(ep, "tandem.v1.ActorService", pool.security("actor")) == SERVING
