@@ -27,7 +27,9 @@ moments) + 12 (its pinned fp32 gradient copy) + 15 (reference) + the processes.
 Prints per step: seconds (and the phases'), the actor's perf/max_memory_allocated_gb and
 perf/max_memory_reserved_gb (peaks since the previous update, i.e. over the step), its
 perf/cpu_memory_used_gb, and the host peaks polled every 0.5 s (the services' RSS summed, and
-the machine's used memory); then the setup times.
+the machine's used memory); then the setup times, with the actor's start-up phases (its
+LifecycleService.Describe: process start, model builds, checkpoint load, optimizer, ...; what is
+left of "services up" is the gRPC server's start and the controller's connect).
 """
 from __future__ import annotations
 
@@ -49,10 +51,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from bench.make_checkpoint import make_checkpoint  # noqa: E402
 from tandem.algos.kl import get_kl_controller  # noqa: E402
 from tandem.config import load_config  # noqa: E402
+from tandem.controller.clients import LifecycleClient  # noqa: E402
 from tandem.controller.data import Cursor, collate, load_examples  # noqa: E402
 from tandem.controller.launchers import LaunchContext, endpoints  # noqa: E402
 from tandem.controller.launchers.local import LocalLauncher  # noqa: E402
-from tandem.controller.roles import connect, needed_roles  # noqa: E402
+from tandem.controller.roles import connect, needed_roles, security  # noqa: E402
 from tandem.controller.run_dir import create_run_dir  # noqa: E402
 from tandem.controller.step import StepContext, ppo_step  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402
@@ -125,8 +128,10 @@ async def run_steps(cfg, run_dir: str, steps: int, out_json: str) -> tuple[list[
         started = asyncio.create_task(endpoints(launcher, roles, {}))
         await asyncio.sleep(0)
         peaks.start()
-        clients = await connect(cfg, await started, run_id, tokenizer.pad_token_id)
+        eps = await started
+        clients = await connect(cfg, eps, run_id, tokenizer.pad_token_id)
         setup["services_start_s"] = time.perf_counter() - t0
+        setup["actor_startup"] = await startup_phases(cfg, eps["actor"])
         ctx = StepContext(clients, cfg, tokenizer, get_kl_controller(k.type, k.kl_coef, k.target_kl, k.horizon))
         for step in range(1, steps + 1):
             clients.set_step(step)
@@ -151,6 +156,23 @@ async def run_steps(cfg, run_dir: str, steps: int, out_json: str) -> tuple[list[
     setup.update(host_services_peak_gb=peaks.services_gb, host_machine_peak_gb=peaks.machine_gb,
                  actor_log=launcher.logs.get("actor"))
     return out, setup
+
+
+async def startup_phases(cfg, endpoint: str) -> list[tuple[str, float]]:
+    """The actor's start-up phases, in order (its LifecycleService.Describe)."""
+    life = LifecycleClient(endpoint, timeout_s=60, security=security(cfg, "actor"))
+    try:
+        return (await life.describe())["startup"]
+    finally:
+        await life.close()
+
+
+def startup_table(phases: list[tuple[str, float]], services_start_s: float) -> list[str]:
+    """Markdown rows: each phase's seconds and share of the services' start, then the rest."""
+    lines = [f"actor start-up, services up in {services_start_s:.1f} s:", "| phase | s | share |", "| --- | ---: | ---: |"]
+    lines += [f"| {name} | {t:.2f} | {t / services_start_s:.0%} |" for name, t in phases]
+    rest = services_start_s - sum(t for _, t in phases)
+    return lines + [f"| rest: gRPC server up, the controller's connect | {rest:.1f} | {rest / services_start_s:.0%} |"]
 
 
 def step_line(step: int, m: dict) -> str:
@@ -226,7 +248,9 @@ def main() -> int:
           f"torch {torch.__version__}, Python {platform.python_version()}")
     wall = time.perf_counter() - t0
     print(f"wall {wall:.0f} s: {wall - sum(m['timing_s/step'] for m in steps):.0f} s outside the steps (checkpoint, "
-          f"services up in {setup['services_start_s']:.0f} s: model build and load), then the steps")
+          f"services up in {setup['services_start_s']:.0f} s: the actor's start-up below), then the steps")
+    startup_rows = startup_table(setup["actor_startup"], setup["services_start_s"])
+    print("\n".join(startup_rows), flush=True)
     lines = ["| step | s | " + " | ".join(f"{p} s" for p in PHASES) + " | GPU peak alloc GiB | GPU peak reserved GiB "
              "| actor RSS GiB | host peak (services) GiB | host peak (machine) GiB |",
              "| ---: | ---: | " + " | ".join("---:" for _ in PHASES) + " | ---: | ---: | ---: | ---: | ---: |"]
@@ -238,7 +262,7 @@ def main() -> int:
                      f" | {m['host_machine_peak_gb']:.1f} |")
     print("\n".join(lines), flush=True)
     with open(os.path.join(a.out, "grpo_7b.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
+        f.write("\n".join(lines + [""] + startup_rows) + "\n")
     return 0 if len(steps) == a.steps else 1
 
 

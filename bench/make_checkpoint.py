@@ -1,6 +1,6 @@
 """Write a random-init Qwen2.5-shaped Hugging Face checkpoint (safetensors + config.json + tokenizer).
 
-    python bench/make_checkpoint.py OUT_DIR [--shape 7b|1.5b|tiny] [--seed 0] [--shard-gb 2]
+    python bench/make_checkpoint.py OUT_DIR [--shape 7b|1.5b|0.5b|tiny] [--seed 0] [--shard-gb 2]
 
 For benches that need a model of a real size and no model hub: bench/offload.py (1.5B) and
 bench/grpo_7b.py (7B). Weights are bf16, normal(0, 0.02) (norms 1, biases 0), drawn on the GPU when
@@ -31,6 +31,9 @@ SHAPES = {  # Qwen2.5 config.json values
     "7b": ModelShape(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                      num_key_value_heads=4, intermediate_size=18944, max_position_embeddings=32768,
                      rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=True, tie_word_embeddings=False),
+    "0.5b": ModelShape(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                       num_key_value_heads=2, intermediate_size=4864, max_position_embeddings=32768,
+                       rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=True, tie_word_embeddings=True),
     "1.5b": ModelShape(vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
                        num_key_value_heads=2, intermediate_size=8960, max_position_embeddings=32768,
                        rope_theta=1e6, rms_norm_eps=1e-6, attention_bias=True, tie_word_embeddings=True),

@@ -180,12 +180,12 @@ class LifecycleClient(ServiceClient):
 
     async def describe(self) -> dict:
         """{role, run_id ("" when free), world_size, pids, tensor_parallel, pipeline_parallel,
-        expert_parallel, tensor_bytes, interrupted, protocol}."""
+        expert_parallel, tensor_bytes, interrupted, protocol, startup: [(phase, seconds)] of the held run's start}."""
         r = await self.call("Describe", lifecycle_pb2.DescribeRequest())
         return {"role": r.role, "run_id": r.run_id, "world_size": r.world_size, "pids": list(r.pids),
                 "tensor_parallel": r.tensor_parallel, "pipeline_parallel": r.pipeline_parallel,
                 "expert_parallel": r.expert_parallel, "tensor_bytes": r.tensor_bytes, "interrupted": r.interrupted,
-                "protocol": r.protocol}
+                "protocol": r.protocol, "startup": [(p.name, p.seconds) for p in r.startup]}
 
 
 def release_now(endpoint: str, run_id: str, timeout_s: float, security: EndpointSecurity = PLAINTEXT) -> str:

@@ -19,6 +19,7 @@ from tandem.serving.role import Built, Role
 from tandem.serving.rollout_front import RolloutFront
 from tandem.serving.rollout_servicer import SERVICE as ROLLOUT_SERVICE
 from tandem.serving.rollout_servicer import GenerationLimits, RolloutServicer
+from tandem.serving.startup import StartupClock
 
 
 class ActorRole(Role):
@@ -32,15 +33,19 @@ class ActorRole(Role):
         self.validate_layout(cfg, model_shape(cfg.actor_rollout_ref.model, len(load_tokenizer(cfg))))
 
     def build(self, cfg) -> Built:
-        tokenizer = load_tokenizer(cfg)
-        worker = ActorWorker(cfg, len(tokenizer))
+        clock = StartupClock()
+        with clock.phase("tokenizer"):
+            tokenizer = load_tokenizer(cfg)
+        worker = ActorWorker(cfg, len(tokenizer), clock)
         targets = {"actor": worker}
         rollout = cfg.actor_rollout_ref.rollout
         if rollout.mode == "colocated":
-            targets["rollout"] = hybrid.colocated_rollout_worker(
-                worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
-                rollout.tensor_model_parallel_size, tools=multi_turn_from_config(rollout, tokenizer))
-        return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release])  # Release drops its offload state
+            with clock.phase("colocated rollout"):
+                targets["rollout"] = hybrid.colocated_rollout_worker(
+                    worker, tokenizer, rollout.max_batch_size, rollout.free_cache_engine,
+                    rollout.tensor_model_parallel_size, tools=multi_turn_from_config(rollout, tokenizer))
+        # Release drops its offload state
+        return Built(targets, {"tokenizer": tokenizer}, closers=[worker.release], startup=clock)
 
     def servicers(self, cfg, built, group, thread):
         worker, tokenizer = built.targets["actor"], built.extras["tokenizer"]

@@ -21,6 +21,7 @@ from tandem.models.compile import compile_layers
 from tandem.models.shape_from_config import model_shape
 from tandem.parallel import device
 from tandem.services.actor.memory import actor_memory
+from tandem.serving.startup import StartupClock
 from tandem.train import losses
 from tandem.train.memory_metrics import memory_metrics
 from tandem.train.microbatch import Split, actor_split
@@ -31,9 +32,11 @@ from tandem.train.step import forward_rows, rows_on_host, train_steps
 
 
 class ActorWorker:
-    def __init__(self, cfg: TandemConfig, tokenizer_len: int):
+    def __init__(self, cfg: TandemConfig, tokenizer_len: int, clock: StartupClock | None = None):
+        """clock: where the start-up phases' seconds go (the service's start-up report)."""
         from megatron.core import parallel_state as ps
 
+        clock = clock or StartupClock()
         self.cfg = cfg
         self.actor_cfg = cfg.actor_rollout_ref.actor
         mcfg = self.actor_cfg.megatron
@@ -43,31 +46,39 @@ class ActorWorker:
         tp, pp, ep = mcfg.tensor_model_parallel_size, mcfg.pipeline_model_parallel_size, mcfg.expert_model_parallel_size
         dtype = device.parse_dtype(mcfg.dtype)
         sp, over = mcfg.sequence_parallel, passed_overrides(mcfg)
-        self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
-                                      overrides=over, weights_follow=bool(cfg.actor_rollout_ref.model.path))
+        with clock.phase("build policy"):
+            self.policy = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
+                                          overrides=over, weights_follow=bool(cfg.actor_rollout_ref.model.path))
         if cfg.actor_rollout_ref.model.path:  # start from the Hugging Face checkpoint
             from tandem.convert.hf_load import load_hf_weights
 
-            load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
-                            ps.get_tensor_model_parallel_rank(), tp)
-        self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
+            with clock.phase("load checkpoint"):
+                load_hf_weights(self.policy, cfg.actor_rollout_ref.model.path, self.shape,
+                                ps.get_tensor_model_parallel_rank(), tp)
+        with clock.phase("DDP wrap (gradient buffers)"):
+            self.ddp = wrap_ddp(self.policy, mcfg.use_distributed_optimizer)
         # megatron modules hold process groups: no deepcopy
-        self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
-                                   overrides=over, weights_follow=True)  # the policy's copy (_copy_to_reference)
+        with clock.phase("build reference"):
+            self.ref = build_gpt_model(self.shape, tp=tp, pp=pp, ep=ep, params_dtype=dtype, sequence_parallel=sp,
+                                       overrides=over, weights_follow=True)  # the policy's copy (_copy_to_reference)
         if self.actor_cfg.use_torch_compile and device.has_cuda():
-            compile_layers(self.policy)
-            compile_layers(self.ref)
+            with clock.phase("compile wrap"):
+                compile_layers(self.policy)
+                compile_layers(self.ref)
         self.load_balancing = load_balancing(self.policy, self.shape, mcfg, cfg.actor_rollout_ref.model)
         # rows of one prompt (a GRPO group) run it once in the update and log-prob passes; MoE: the router's
         # load-balancing loss counts each row's own tokens, so rows keep their prompts
         self.share_prompts = self.shape.moe is None
-        self._copy_to_reference()
+        with clock.phase("copy policy to reference"):
+            self._copy_to_reference()
         per_step = max(1, cfg.data.train_batch_size // self.actor_cfg.ppo_mini_batch_size) * self.actor_cfg.ppo_epochs
-        self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim, cfg.trainer.total_training_steps, per_step)
+        with clock.phase("optimizer"):
+            self.optimizer = Optimizer(self.ddp, self.actor_cfg.optim, cfg.trainer.total_training_steps, per_step)
         self.sft_optimizer: Optimizer | None = None
         self._last_trained: Optimizer | None = None  # whose fp32 main weights match the model
         self.exported: dict[str, torch.Tensor] | None = None  # stage_export's copy (rank 0)
-        self.memory = actor_memory(self)  # what each call needs on the device (verl's offload keys)
+        # what each call needs on the device (verl's offload keys); host buffers come at the first offload
+        self.memory = actor_memory(self)
 
     # ---- log-probs -------------------------------------------------------------------
     @torch.no_grad()

@@ -38,6 +38,7 @@ from tandem.serving.call_observer import CallObserver, profile_section
 from tandem.serving.compile_cache import use_compile_cache
 from tandem.serving.parent import PARENT_ENV
 from tandem.serving.role import Built, Role
+from tandem.serving.startup import StartupClock
 
 LIFECYCLE = "lifecycle"  # the rank-group target every rank has
 RENDEZVOUS_TIMEOUT = timedelta(minutes=10)  # how long ranks wait for each other to come up
@@ -51,9 +52,12 @@ class RankHost:
         self.role, self.rank = role, rank
         self.group = None  # the RankGroup whose targets this host fills (None: no ranks)
         self.built: Built | None = None
+        self.startup = StartupClock()  # the last configure's phases
 
     def configure(self, run_id: str, config_yaml: str) -> int:
-        """Build this rank's workers for the run -> this process's pid."""
+        """Build this rank's workers for the run -> this process's pid. Its start-up phases go to
+        `self.startup` (and, on ranks > 0, to the log; rank 0's RunHost logs them with its own)."""
+        t0 = time.perf_counter()
         cfg = load_config(text=config_yaml)
         configure_logging(role=self.role.name, rank=self.rank, run_id=run_id)
         section = self.role.section(cfg)
@@ -63,10 +67,21 @@ class RankHost:
             device.manual_seed(self.role.seed(cfg))
             # this run's cap on the rank's GPU share (services sharing a GPU); none: the whole GPU
             device.set_memory_fraction(section.gpu_memory_fraction or 1.0)
+        clock = StartupClock()
+        clock.add("config, seed", time.perf_counter() - t0)
+        t0 = time.perf_counter()
         self.built = self.role.build(cfg)
+        device.synchronize()
+        role_phases = self.built.startup
+        clock.extend(role_phases)
+        # the build's untimed rest (all of it for a role that times no phases)
+        clock.add("build, other" if role_phases.phases else "build", time.perf_counter() - t0 - role_phases.total)
         if self.group is not None:
             self.group.targets.update(self.built.targets)
             self.group.observer = CallObserver(self.role.name, self.rank, profile_section(cfg, self.role.name))
+        self.startup = clock
+        if self.rank:
+            _log.info("service.startup", **clock.log_fields())
         _log.info("run.configured", run=run_id, pid=os.getpid())
         return os.getpid()
 
@@ -113,6 +128,8 @@ class RunHost:
         self.servicers: dict[str, Any] = {}
         self.ranked_run = False  # the held run is served by the rank group (else by rank 0 alone)
         self.check_caller = True  # refuse calls tagged with another run's x-run-id (slot.py)
+        self.process_start_s: float | None = None  # a run taken at start: the process's start before it
+        self.startup: StartupClock | None = None  # the held run's start-up phases (rank 0)
 
     @property
     def holder(self) -> str | None:
@@ -131,6 +148,10 @@ class RunHost:
             check_allowed(cfg, self.allowed_dirs)
         restarted = False
         interrupt.clear()
+        clock = StartupClock()
+        if self.process_start_s is not None:
+            clock.add("process start (interpreter, imports)", self.process_start_s)
+            self.process_start_s = None
         self.ranked_run = self.role.ranked(cfg)
         if self.ranked_run:
             world, parallel = self.role.layout(cfg)
@@ -141,21 +162,29 @@ class RunHost:
                         f"this {self.role.name} service's ranks were started separately as world size "
                         f"{self.layout[0]}, {self.layout[1]}; the run needs {world}, {parallel}")
                 restarted = self.layout is not None
-                self.start_group(world, parallel)
+                with clock.phase("rank group"):
+                    self.start_group(world, parallel)
+            t0 = time.perf_counter()
             try:
                 pids = self.group.run_ranks(LIFECYCLE, "configure", [(run_id, config_yaml)] * self.group.world)
             except BaseException:
                 self._release_ranks()
                 raise
+            clock.extend(self.rank_host.startup)
+            if self.group.world > 1:  # the other ranks build at the same time; the slowest one's rest
+                clock.add("other ranks", max(0.0, time.perf_counter() - t0 - self.rank_host.startup.total))
         else:
             pids = [self.rank_host.configure(run_id, config_yaml)]
-        self.servicers = self.role.servicers(cfg, self.rank_host.built, self.group, thread)
-        self.run_id = run_id
+            clock.extend(self.rank_host.startup)
+        with clock.phase("servicers"):
+            self.servicers = self.role.servicers(cfg, self.rank_host.built, self.group, thread)
+        self.run_id, self.startup = run_id, clock
+        _log.info("service.startup", **clock.log_fields())
         return pids, restarted
 
     def release(self) -> str | None:
         """Give the run back -> its id (None when nothing was held)."""
-        held, self.run_id, self.servicers = self.run_id, None, {}
+        held, self.run_id, self.servicers, self.startup = self.run_id, None, {}, None
         self._release_ranks()
         interrupt.clear()
         _log.info("run.released", run=held)
@@ -224,7 +253,8 @@ class RunHost:
         return {"role": self.role.name, "run_id": self.run_id or "", "world_size": world, "pids": self.pids,
                 "tensor_parallel": parallel.tp, "pipeline_parallel": parallel.pp,
                 "expert_parallel": parallel.ep, "tensor_bytes": live_tensor_bytes(),
-                "interrupted": interrupt.requested(), "protocol": PROTOCOL}
+                "interrupted": interrupt.requested(), "protocol": PROTOCOL,
+                "startup": [{"name": n, "seconds": t} for n, t in (self.startup.phases if self.startup else [])]}
 
 
 def live_tensor_bytes() -> int:

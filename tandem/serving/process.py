@@ -48,6 +48,7 @@ from tandem.rpc.exposure import exposure_problem
 from tandem.rpc.security import PLAINTEXT, EndpointSecurity
 from tandem.serving.lifecycle import RENDEZVOUS_TIMEOUT
 from tandem.serving.role import Role
+from tandem.serving.startup import since_process_start
 
 
 @dataclass
@@ -194,6 +195,7 @@ def run_service(role: Role, argv=None) -> NoReturn:
             thread.call(host.start_group, args.world_size, ParallelConfig())
         if args.configure_at_start:
             host.check_caller = False  # a run given at start: any caller's run id (launchers tag their own)
+            host.process_start_s = since_process_start()  # the first phase of its start-up report
             thread.call(host.configure, args.run_id or "local", to_yaml(args.cfg), thread)
         run_server(_serve(role, args, host, thread))
     finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from tandem.config import TandemConfig
 from tandem.parallel.layout import ParallelConfig
+from tandem.serving.startup import StartupClock
 
 
 @dataclass
@@ -25,6 +26,7 @@ class Built:
     targets: dict[str, Any]
     extras: dict[str, Any] = field(default_factory=dict)
     closers: list = field(default_factory=list)  # called at release (e.g. a scorer's process pool)
+    startup: StartupClock = field(default_factory=StartupClock)  # the build's timed phases (startup.py)
 
 
 class Role(ABC):

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tandem/v1/lifecycle.proto\x12\ttandem.v1\"I\n\x10\x43onfigureRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\x05\"J\n\x11\x43onfigureResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04pids\x18\x02 \x03(\x03\x12\x17\n\x0franks_restarted\x18\x03 \x01(\x08\" \n\x0eReleaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0fReleaseResponse\x12\x17\n\x0freleased_run_id\x18\x01 \x01(\t\"\"\n\x10InterruptRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"#\n\x11InterruptResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0f\x44\x65scribeRequest\"\xdc\x01\n\x10\x44\x65scribeResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04pids\x18\x04 \x03(\x03\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\x05\x12\x19\n\x11pipeline_parallel\x18\x06 \x01(\x05\x12\x17\n\x0f\x65xpert_parallel\x18\x07 \x01(\x05\x12\x14\n\x0ctensor_bytes\x18\x08 \x01(\x03\x12\x13\n\x0binterrupted\x18\t \x01(\x08\x12\x10\n\x08protocol\x18\n \x01(\x05\x32\xa9\x02\n\x10LifecycleService\x12\x46\n\tConfigure\x12\x1b.tandem.v1.ConfigureRequest\x1a\x1c.tandem.v1.ConfigureResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12\x46\n\tInterrupt\x12\x1b.tandem.v1.InterruptRequest\x1a\x1c.tandem.v1.InterruptResponse\x12\x43\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x1b.tandem.v1.DescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tandem/v1/lifecycle.proto\x12\ttandem.v1\"I\n\x10\x43onfigureRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_yaml\x18\x02 \x01(\t\x12\x10\n\x08protocol\x18\x03 \x01(\x05\"J\n\x11\x43onfigureResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0c\n\x04pids\x18\x02 \x03(\x03\x12\x17\n\x0franks_restarted\x18\x03 \x01(\x08\" \n\x0eReleaseRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"*\n\x0fReleaseResponse\x12\x17\n\x0freleased_run_id\x18\x01 \x01(\t\"\"\n\x10InterruptRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"#\n\x11InterruptResponse\x12\x0e\n\x06run_id\x18\x01 \x01(\t\"\x11\n\x0f\x44\x65scribeRequest\"\x86\x02\n\x10\x44\x65scribeResponse\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\x0c\n\x04pids\x18\x04 \x03(\x03\x12\x17\n\x0ftensor_parallel\x18\x05 \x01(\x05\x12\x19\n\x11pipeline_parallel\x18\x06 \x01(\x05\x12\x17\n\x0f\x65xpert_parallel\x18\x07 \x01(\x05\x12\x14\n\x0ctensor_bytes\x18\x08 \x01(\x03\x12\x13\n\x0binterrupted\x18\t \x01(\x08\x12\x10\n\x08protocol\x18\n \x01(\x05\x12(\n\x07startup\x18\x0b \x03(\x0b\x32\x17.tandem.v1.StartupPhase\"-\n\x0cStartupPhase\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07seconds\x18\x02 \x01(\x01\x32\xa9\x02\n\x10LifecycleService\x12\x46\n\tConfigure\x12\x1b.tandem.v1.ConfigureRequest\x1a\x1c.tandem.v1.ConfigureResponse\x12@\n\x07Release\x12\x19.tandem.v1.ReleaseRequest\x1a\x1a.tandem.v1.ReleaseResponse\x12\x46\n\tInterrupt\x12\x1b.tandem.v1.InterruptRequest\x1a\x1c.tandem.v1.InterruptResponse\x12\x43\n\x08\x44\x65scribe\x12\x1a.tandem.v1.DescribeRequest\x1a\x1b.tandem.v1.DescribeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -46,7 +46,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DESCRIBEREQUEST']._serialized_start=342
   _globals['_DESCRIBEREQUEST']._serialized_end=359
   _globals['_DESCRIBERESPONSE']._serialized_start=362
-  _globals['_DESCRIBERESPONSE']._serialized_end=582
-  _globals['_LIFECYCLESERVICE']._serialized_start=585
-  _globals['_LIFECYCLESERVICE']._serialized_end=882
+  _globals['_DESCRIBERESPONSE']._serialized_end=624
+  _globals['_STARTUPPHASE']._serialized_start=626
+  _globals['_STARTUPPHASE']._serialized_end=671
+  _globals['_LIFECYCLESERVICE']._serialized_start=674
+  _globals['_LIFECYCLESERVICE']._serialized_end=971
 # @@protoc_insertion_point(module_scope)

@@ -1,8 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -55,7 +55,7 @@ class DescribeRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class DescribeResponse(_message.Message):
-    __slots__ = ("role", "run_id", "world_size", "pids", "tensor_parallel", "pipeline_parallel", "expert_parallel", "tensor_bytes", "interrupted", "protocol")
+    __slots__ = ("role", "run_id", "world_size", "pids", "tensor_parallel", "pipeline_parallel", "expert_parallel", "tensor_bytes", "interrupted", "protocol", "startup")
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -66,6 +66,7 @@ class DescribeResponse(_message.Message):
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     INTERRUPTED_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_FIELD_NUMBER: _ClassVar[int]
+    STARTUP_FIELD_NUMBER: _ClassVar[int]
     role: str
     run_id: str
     world_size: int
@@ -76,4 +77,13 @@ class DescribeResponse(_message.Message):
     tensor_bytes: int
     interrupted: bool
     protocol: int
-    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., world_size: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., expert_parallel: _Optional[int] = ..., tensor_bytes: _Optional[int] = ..., interrupted: _Optional[bool] = ..., protocol: _Optional[int] = ...) -> None: ...
+    startup: _containers.RepeatedCompositeFieldContainer[StartupPhase]
+    def __init__(self, role: _Optional[str] = ..., run_id: _Optional[str] = ..., world_size: _Optional[int] = ..., pids: _Optional[_Iterable[int]] = ..., tensor_parallel: _Optional[int] = ..., pipeline_parallel: _Optional[int] = ..., expert_parallel: _Optional[int] = ..., tensor_bytes: _Optional[int] = ..., interrupted: _Optional[bool] = ..., protocol: _Optional[int] = ..., startup: _Optional[_Iterable[_Union[StartupPhase, _Mapping]]] = ...) -> None: ...
+
+class StartupPhase(_message.Message):
+    __slots__ = ("name", "seconds")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    seconds: float
+    def __init__(self, name: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...

@@ -37,3 +37,20 @@ def copy_with(src, dst, drop=None, add=None):
     save_file(t, str(dst / "model.safetensors"))
     (dst / "config.json").write_text((src / "config.json").read_text())
     return dst
+
+
+def split_files(src, dst, files: int, twice: str | None = None):
+    """A copy of checkpoint `src` in `dst` over `files` safetensors files, its keys dealt round-robin in
+    sorted order (so a layer's q/k/v and gate/up parts land in different files); `twice`: a key also
+    written to the next file."""
+    t = hf_tensors(src)
+    shards = [{} for _ in range(files)]
+    for i, k in enumerate(sorted(t)):
+        shards[i % files][k] = t[k]
+        if k == twice:
+            shards[(i + 1) % files][k] = t[k]
+    dst.mkdir()
+    for i, shard in enumerate(shards):
+        save_file(shard, str(dst / f"model-{i + 1:05d}-of-{files:05d}.safetensors"))
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    return dst

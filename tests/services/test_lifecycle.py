@@ -11,6 +11,7 @@ import os
 import grpc
 import psutil
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rpc_expect import expect_error  # tests/helpers
 
@@ -76,6 +77,12 @@ def test_configure_release_and_the_holder(pool, run_config):
         assert pids == free["pids"] and not restarted
         held = await life.describe()
         assert held["run_id"] == "run-a" and held["tensor_bytes"] > 10 * free["tensor_bytes"]
+        # the run's start-up phases, in order (no checkpoint: no load; long-lived: no process start)
+        compiled = ["compile wrap"] if torch.cuda.is_available() else []  # use_torch_compile, on GPUs only
+        assert free["startup"] == [] and [name for name, _ in held["startup"]] == [
+            "config, seed", "tokenizer", "build policy", "DDP wrap (gradient buffers)", "build reference", *compiled,
+            "copy policy to reference", "optimizer", "colocated rollout", "build, other", "servicers"]
+        assert all(s >= 0 for _, s in held["startup"]) and dict(held["startup"])["build policy"] > 0
         assert await health(ep, "tandem.v1.ActorService", pool.security("actor")) == SERVING
         assert await health(ep, "tandem.v1.RolloutService", pool.security("actor")) == SERVING  # colocated: the actor generates
         gen = await RolloutClient(ep, security=pool.security("actor")).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
@@ -91,6 +98,7 @@ def test_configure_release_and_the_holder(pool, run_config):
         assert await life.release("run-a") == "run-a"
         after = await life.describe()
         assert after["run_id"] == "" and after["tensor_bytes"] < held["tensor_bytes"] / 10, (held, after)
+        assert after["startup"] == []
         assert await health(ep, "tandem.v1.ActorService", pool.security("actor")) == NOT_SERVING and await health(ep, "", pool.security("actor")) == SERVING
         assert await life.release() == ""  # nothing held: nothing to do
 
@@ -133,6 +141,8 @@ def test_another_layout_restarts_the_ranks(pool, run_config):
         assert restarted and len(pids) == 2 and pids[0] == rank0
         d = await life.describe()
         assert (d["world_size"], d["tensor_parallel"], d["pids"]) == (2, 2, pids)
+        phases = [name for name, _ in d["startup"]]  # the ranks restarted: their start, then rank 1's wait
+        assert phases[0] == "rank group" and phases.index("other ranks") == len(phases) - 2, phases
         got = await RolloutClient(ep, security=pool.security("actor")).generate_sequences(prompts(run_config), max_new_tokens=4, greedy=True)
         assert got["responses"].tolist() == want["responses"].tolist()  # the same weights, split over 2 ranks
         await life.release("run-tp2")

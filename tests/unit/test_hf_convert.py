@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 import torch
-from hf_test_files import copy_with, hf_tensors, import_hf
+from hf_test_files import copy_with, hf_tensors, import_hf, split_files
 from tiny_hf import tiny_llama, tiny_mistral, tiny_qwen2, tiny_qwen3
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -87,6 +87,48 @@ def test_strict_extra_and_missing_keys(megatron_dist, hf_dirs, tmp_path):
     missing = copy_with(hf_dirs["qwen2"], tmp_path / "missing", drop="model.layers.1.self_attn.k_proj.bias")
     with pytest.raises(ValueError, match=r"model\.layers\.1\.self_attn\.k_proj\.bias"):
         import_hf(missing)
+
+
+def test_parts_split_across_files_load_in_parallel(megatron_dist, hf_dirs, tmp_path):
+    """q/k/v and gate/up parts in different files, read by parallel readers and by one: every
+    parameter (NaN before the load) gets the single-file load's exact values."""
+    from safetensors import safe_open
+
+    from tandem.convert.hf_load import load_hf_weights
+    from tandem.models.build import build_gpt_model
+
+    split = split_files(hf_dirs["qwen2"], tmp_path / "split", 3)
+    file_of = {k: p.name for p in split.glob("*.safetensors") for k in safe_open(str(p), "pt").keys()}
+    layer = "model.layers.0."
+    assert len({file_of[f"{layer}self_attn.{x}_proj.{w}"] for x in "qkv" for w in ("weight", "bias")}) == 3
+    assert file_of[f"{layer}mlp.gate_proj.weight"] != file_of[f"{layer}mlp.up_proj.weight"]
+    want, shape, _ = import_hf(hf_dirs["qwen2"])
+    want = dict(want.named_parameters())
+    for readers in (None, 1):
+        model = build_gpt_model(shape, weights_follow=True)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        assert load_hf_weights(model, str(split), shape, 0, 1, readers=readers) == set(want)
+        for name, p in model.named_parameters():
+            assert torch.equal(p, want[name]), (readers, name)
+
+
+def test_split_checkpoint_refuses_a_key_twice_and_nan(megatron_dist, hf_dirs, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    key = "model.layers.1.self_attn.v_proj.weight"
+    twice = split_files(hf_dirs["qwen2"], tmp_path / "twice", 3, twice=key)
+    with pytest.raises(ValueError, match=rf"HF key '{key}' appears twice in {twice}"):
+        import_hf(twice)
+    bad = split_files(hf_dirs["qwen2"], tmp_path / "nan", 3)
+    second = sorted(bad.glob("*.safetensors"))[1]
+    tensors = load_file(str(second))
+    key = sorted(tensors)[-1]
+    tensors[key].view(-1)[-1] = float("nan")
+    save_file(tensors, str(second))
+    with pytest.raises(ValueError, match=rf"{second.name}: tensor '{key}' contains NaN or inf"):
+        import_hf(bad)
 
 
 def test_refuses_unsupported_configs(hf_dirs):
