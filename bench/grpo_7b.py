@@ -12,8 +12,9 @@ peak GPU and host memory and the step time, from checkpoint to the last step in 
    stops early), reward, old and reference log-probs, the update. No SFT, no validation and no
    final checkpoint (a 7B actor's checkpoint with optimizer state is ~120 GB).
 
-Memory settings on a GPU (the plan, for 7.6B parameters; `--no-offload` drops them for a
-baseline that does not fit at 7B):
+Memory settings: deploy/configs/one_gpu_7b.yaml, the config a user runs with `tandem run` (on CPU
+without megatron's CPU optimizer offload, which needs CUDA; `--no-offload` drops the file for a
+baseline that does not fit at 7B); micro-batches by its token budget unless `--micro` gives rows:
   - bf16 parameters, megatron's distributed optimizer (one GPU: it holds the whole state), and
     its CPU optimizer offload: Adam for `--fraction` of the parameters runs on the CPU with its
     fp32 weights and moments in host memory (optim.override_optimizer_config);
@@ -61,31 +62,38 @@ from tandem.controller.step import StepContext, ppo_step  # noqa: E402
 from tandem.logging import configure_logging  # noqa: E402
 
 A = "actor_rollout_ref.actor"
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy", "configs", "one_gpu_7b.yaml")
 GIB = 1024 ** 3
 PHASES = ["gen", "reward", "old_log_prob", "ref", "adv", "update_actor"]  # timing_s/<phase> (verl's names)
 
 
-def overrides(a, cuda: bool) -> list[str]:
+def overrides(a, cuda: bool) -> tuple[str | None, list[str]]:
+    """(the config file, the bench's keys on top): the memory settings are the user's config file's."""
     o = f"{A}.optim.override_optimizer_config"
-    out = [f"actor_rollout_ref.model.path={a.checkpoint}", "algorithm.adv_estimator=grpo",
-           f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=low_var_kl", f"actor_rollout_ref.rollout.n={a.n}",
+    out = [f"actor_rollout_ref.model.path={a.checkpoint}", f"actor_rollout_ref.rollout.n={a.n}",
            f"data.train_batch_size={a.prompts}", f"data.max_response_length={a.new_tokens}",
-           f"{A}.ppo_mini_batch_size={a.mini}", f"{A}.ppo_micro_batch_size_per_gpu={a.micro}",
-           f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={a.micro * 2}",
-           f"actor_rollout_ref.rollout.max_batch_size={a.prompts * a.n}", f"{A}.optim.lr=1e-6",
-           "trainer.sft.total_steps=0", "trainer.test_freq=0", "data.builtin_train_size=2000",
-           "data.builtin_val_size=8", f"services.actor.torch_threads={a.threads}",
-           f"services.startup_timeout_s={a.startup_timeout}", "services.rpc_timeout_s=1800",
-           f"{A}.megatron.dtype={'bfloat16' if cuda else 'float32'}"]
+           f"{A}.ppo_mini_batch_size={a.mini}", f"actor_rollout_ref.rollout.max_batch_size={a.prompts * a.n}",
+           f"{A}.optim.lr=1e-6", "trainer.sft.total_steps=0", "trainer.test_freq=0", "trainer.save_freq=-1",
+           "data.builtin_train_size=2000", "data.builtin_val_size=8", f"services.actor.torch_threads={a.threads}",
+           f"services.startup_timeout_s={a.startup_timeout}", "services.rpc_timeout_s=1800"]
+    if a.micro:  # rows instead of the config's token budget
+        out += [f"{A}.ppo_micro_batch_size_per_gpu={a.micro}",
+                f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={a.micro * 2}"]
     if a.no_offload:
-        return out
-    out += [f"{A}.megatron.grad_offload=true", "actor_rollout_ref.ref.megatron.param_offload=true",
-            "actor_rollout_ref.rollout.free_cache_engine=true"]
-    if cuda and a.fraction > 0:  # megatron's CPU optimizer offload needs CUDA
-        out += [f"{A}.megatron.use_distributed_optimizer=true", f"{o}.optimizer_cpu_offload=true",
-                f"{o}.optimizer_offload_fraction={a.fraction}", f"{o}.use_precision_aware_optimizer=true",
-                f"{o}.overlap_cpu_optimizer_d2h_h2d=true"]
-    return out
+        return None, out + ["algorithm.adv_estimator=grpo", f"{A}.use_kl_loss=true", f"{A}.kl_loss_type=low_var_kl",
+                            f"{A}.megatron.dtype={'bfloat16' if cuda else 'float32'}"]
+    if not cuda:  # megatron's CPU optimizer offload needs CUDA: the rest of the config runs on CPU
+        out += [f"{A}.megatron.dtype=float32", f"{o}.optimizer_cpu_offload=false", f"{o}.optimizer_offload_fraction=0",
+                f"{o}.use_precision_aware_optimizer=false", f"{o}.overlap_cpu_optimizer_d2h_h2d=false"]
+    elif a.fraction is not None:
+        out += [f"{o}.optimizer_offload_fraction={a.fraction}"]
+    return CONFIG, out
+
+
+def cpu_adam_fraction(config: str | None, keys: list[str]) -> float:
+    """The share of Adam on the CPU that the run will have (0: none)."""
+    o = load_config(config, keys).actor_rollout_ref.actor.optim.override_optimizer_config
+    return float(o.get("optimizer_offload_fraction") or 0) if o.get("optimizer_cpu_offload") else 0.0
 
 
 class HostPeaks(threading.Thread):
@@ -213,8 +221,8 @@ def main() -> int:
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--new-tokens", type=int, default=512)
     p.add_argument("--mini", type=int, help="ppo_mini_batch_size in prompts (default: half the batch)")
-    p.add_argument("--micro", type=int, default=4, help="rows per training forward/backward")
-    p.add_argument("--fraction", type=float, default=0.4, help="share of Adam on the CPU (GPU runs)")
+    p.add_argument("--micro", type=int, help="rows per training forward/backward (default: the config's token budget)")
+    p.add_argument("--fraction", type=float, help="share of Adam on the CPU (GPU runs; default: the config's)")
     p.add_argument("--threads", type=int, default=12, help="actor torch threads (the CPU Adam uses them)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--no-preflight", action="store_true", help="skip the tiny CPU-optimizer-offload check")
@@ -227,21 +235,21 @@ def main() -> int:
     cuda = torch.cuda.is_available()
     configure_logging(role="controller", level="WARNING")
     t0 = time.perf_counter()
-    if cuda and not a.no_offload and a.fraction > 0 and not a.no_preflight and not preflight(a):
+    config, keys = overrides(a, cuda)
+    if cuda and cpu_adam_fraction(config, keys) > 0 and not a.no_preflight and not preflight(a):
         return 2
     info = make_checkpoint(a.checkpoint, a.shape)
     checkpoint_s = time.perf_counter() - t0
     print(f"checkpoint {info['path']}: {info['bytes'] / 1e9:.1f} GB, "
           f"{'kept' if info['kept'] else 'written'} in {time.perf_counter() - t0:.1f} s", flush=True)
     tmp = tempfile.mkdtemp(prefix="tandem-grpo7b-")
-    keys = overrides(a, cuda)
-    cfg, run_dir = create_run_dir(load_config(None, [f"trainer.default_local_dir={tmp}",
-                                                     "trainer.experiment_name=grpo_7b", *keys]))
-    print(f"run directory {run_dir}; overrides: {' '.join(keys)}", flush=True)
+    cfg, run_dir = create_run_dir(load_config(config, [f"trainer.default_local_dir={tmp}",
+                                                       "trainer.experiment_name=grpo_7b", *keys]))
+    print(f"run directory {run_dir}; config {config}; overrides: {' '.join(keys)}", flush=True)
     out_json = os.path.join(a.out, "grpo_7b.json")
     steps, setup = asyncio.run(run_steps(cfg, run_dir, a.steps, out_json))
     with open(out_json, "w") as f:
-        json.dump({"steps": steps, "setup": {k: v for k, v in setup.items()}, "overrides": keys,
+        json.dump({"steps": steps, "setup": {k: v for k, v in setup.items()}, "config": config, "overrides": keys,
                    "checkpoint_s": checkpoint_s, "wall_s": time.perf_counter() - t0}, f, indent=1)
     gpu = torch.cuda.get_device_name() if cuda else "no GPU"
     print(f"\nmachine: {gpu}, {os.cpu_count()} CPUs, {psutil.virtual_memory().total / GIB:.0f} GiB host memory, "

@@ -47,5 +47,14 @@ class StartupClock:
 
 
 def since_process_start() -> float:
-    """Seconds since this process was created: the interpreter's start, imports, argument parsing."""
-    return max(0.0, time.time() - psutil.Process(os.getpid()).create_time())
+    """Seconds since this process was created: the interpreter's start, imports, argument parsing.
+    On Linux from the kernel's clock-tick counts (psutil's create_time rests on a boot time rounded
+    to the second, which can put the start up to a second off)."""
+    try:
+        with open("/proc/self/stat") as f:
+            after_name = f.read().rsplit(")", 1)[1].split()  # starts at the stat file's 3rd field
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - int(after_name[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime
+    except (OSError, ValueError, IndexError):
+        return max(0.0, time.time() - psutil.Process(os.getpid()).create_time())
