@@ -95,10 +95,7 @@ class Probe:
         from tandem.generation.runner import ModelRunner
 
         self.t: dict[str, float] = defaultdict(float)
-        # continue_row today; a batched continuation may come under another name
-        self.wrapped = [n for n in ("continue_row", "continue_rows") if callable(getattr(multi_turn, n, None))]
-        for name in self.wrapped:
-            setattr(multi_turn, name, self._timed(getattr(multi_turn, name), "continue_s"))
+        multi_turn.continue_rows = self._timed(multi_turn.continue_rows, "continue_s")
         multi_turn.ToolTurns.resume = self._timed(multi_turn.ToolTurns.resume, "resume_s")
         execute = ModelRunner.execute
 
@@ -220,7 +217,7 @@ def measure(engine, probe, prompts, params, tools, x_id) -> tuple[dict, object]:
            "capture_s": CAPTURE_SECONDS[0] - capture, "compiles": compiles() - compiled}
     if res.tool_calls is not None:
         calls = res.tool_calls.float()
-        cont = probe.t["continue_s"] if probe.wrapped else None
+        cont = probe.t["continue_s"]
         out.update(calls_per_row=float(calls.mean()), calls_min=int(calls.min()), calls_max=int(calls.max()),
                    continue_s=cont, continue_share=None if cont is None else cont / wall,
                    resume_other_s=probe.t["resume_s"] - (cont or 0.0))
