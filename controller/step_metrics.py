@@ -29,12 +29,21 @@ def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages
 
 
 def tool_metrics(gen: DataProto) -> dict[str, float]:
-    """Tool calls and observation tokens per row of a multi-turn generation (none otherwise)."""
+    """Tool calls, error observations, turns and observation tokens per row of a multi-turn generation,
+    and its environment episodes' scores and errors (none of it for a single-turn one)."""
     if "tool_calls" not in gen.tensors:
         return {}
     observed = scoring.response_tokens(gen).bool() & ~gen["response_mask"].bool()
-    return {M.TOOL_CALLS_MEAN: float(gen["tool_calls"].float().mean()),
-            M.TOOL_OBSERVATION_TOKENS_MEAN: float(observed.sum(-1).float().mean())}
+    turns = gen["num_turns"].float()
+    out = {M.TOOL_CALLS_MEAN: float(gen["tool_calls"].float().mean()),
+           M.TOOL_ERRORS_MEAN: float(gen["tool_errors"].float().mean()),
+           M.TOOL_OBSERVATION_TOKENS_MEAN: float(observed.sum(-1).float().mean()),
+           M.NUM_TURNS_MIN: float(turns.min()), M.NUM_TURNS_MAX: float(turns.max()), M.NUM_TURNS_MEAN: float(turns.mean())}
+    played = [e for e in gen.columns.get("episode") or [] if e is not None]
+    if played:
+        out[M.EPISODE_SCORE_MEAN] = sum(sum(e["turn_scores"]) for e in played) / len(played)
+        out[M.EPISODE_ERROR_RATIO] = sum(bool(e["error"]) for e in played) / len(played)
+    return out
 
 
 def perf_metrics(gen: DataProto, t_step: float, n_gpus: int = 1) -> dict[str, float]:

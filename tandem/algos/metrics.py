@@ -126,7 +126,16 @@ ROLLOUT_WEIGHTS_VERSION = _define(
     "rollout/weights_version", "the actor weights version the standalone rollout serves after the step's sync")
 
 # ---- multi-turn rollouts (tandem/generation/multi_turn.py) ------------------------
-TOOL_CALLS_MEAN = _define("rollout/tool_calls_mean", "mean number of tool calls per generated row")
+TOOL_CALLS_MEAN = _define("rollout/tool_calls_mean", "mean number of tool calls per generated row (parsed calls)")
+TOOL_ERRORS_MEAN = _define("rollout/tool_errors_mean", "mean number of error observations per row: failed or timed-out "
+                           "calls, and turns that closed a call which did not parse")
+NUM_TURNS_MIN = _define("num_turns/min", "fewest turns in a row (verl's: the prompt + model turns + observations)")
+NUM_TURNS_MAX = _define("num_turns/max", "most turns in a row (verl's: the prompt + model turns + observations)")
+NUM_TURNS_MEAN = _define("num_turns/mean", "mean turns per row (verl's: the prompt + model turns + observations)")
+EPISODE_SCORE_MEAN = _define("rollout/episode_score_mean", "mean over the rows that played an environment episode of "
+                             "the sum of its turn scores (turn_scores, each Step's reward)")
+EPISODE_ERROR_RATIO = _define("rollout/episode_error_ratio", "share of the rows that played an environment episode "
+                              "whose episode ended on an error (a failed or timed-out call)")
 TOOL_OBSERVATION_TOKENS_MEAN = _define(
     "rollout/observation_tokens_mean", "mean number of tool-observation tokens per row (in the response, not in its loss)")
 

@@ -42,6 +42,8 @@ class GenerationResult:
     rollout_log_probs: torch.Tensor  # [N, R] fp32, 0 on padding
     observation_mask: torch.Tensor | None = None  # [N, R] 1 = a tool's observation token (multi-turn)
     tool_calls: torch.Tensor | None = None  # [N] tool calls each row made (multi-turn)
+    tool_errors: torch.Tensor | None = None  # [N] its error observations (failed calls, calls that did not parse)
+    num_turns: torch.Tensor | None = None  # [N] its turns, the prompt's included (verl's num_turns)
     episodes: list[dict | None] | None = None  # [N] each row's environment episode (episodes.EpisodeRecord)
 
 
@@ -170,6 +172,8 @@ class GenerationEngine:
             out.observation_mask = runner.observation_mask().long().cpu()
             out.rollout_log_probs = torch.where(out.observation_mask.bool(), 0.0, out.rollout_log_probs)
             out.tool_calls = torch.tensor(turns.calls, dtype=torch.long)
+            out.tool_errors = torch.tensor(turns.errors, dtype=torch.long)
+            out.num_turns = torch.tensor([1 + a + u for a, u in zip(turns.turns, turns.user_turns)], dtype=torch.long)
             if tools.interactions is not None:
                 records = turns.episodes.records if turns.episodes is not None else [None] * rows
                 out.episodes = [None if e is None else e.as_dict() for e in records]

@@ -133,7 +133,8 @@ class ToolTurns:
         self.mt, self.loop, self.r, self.lockstep = mt, loop, max_new_tokens, lockstep
         self.calling = not lockstep or _tp_rank() == 0  # the rank that calls the tools
         self.turns = [1] * rows  # model turns started
-        self.calls = [0] * rows  # tool calls issued (parsed or not)
+        self.calls = [0] * rows  # tool calls parsed and issued
+        self.errors = [0] * rows  # error observations: failed calls, turns whose call did not parse
         self.user_turns = [0] * rows  # observations appended (tool answers and environment turns)
         self.turn_start = [0] * rows  # response index where the row's current turn began
         # slot -> row, index, answer, whether it is an environment's
@@ -153,7 +154,7 @@ class ToolTurns:
         turn = runner.out_tok[row, self.turn_start[row]:index + 1].tolist()
         if token == self.mt.format.end_id:
             calls = self.mt.format.parse(turn)
-            self.calls[row] += max(1, len(calls))
+            self.calls[row] += len(calls)
             future, env = (self.loop.submit(answer(self.mt, calls)) if self.calling else None), False
         elif self.episodes is not None and self.episodes.open(row):
             future, env = self.episodes.step(row, self.mt.format.turn_text(turn)), True
@@ -195,11 +196,12 @@ class ToolTurns:
                     sched.resume(slot, end_row(runner, slot, index, obs), False)
                     continue
             else:
+                self.errors[row] += sum(not r.ok for r in result)
                 obs = self.mt.format.observation(result)
             ready.append((slot, row, index, obs))
         went_on = continue_rows(runner, [(slot, index, obs) for slot, _, index, obs in ready])
         for (slot, row, index, obs), (nxt, token, going) in zip(ready, went_on):
-            self.turns[row] += 1
+            self.turns[row] += token is not None  # None: the observation filled the budget, no model turn follows
             self.turn_start[row] = min(index + 1 + len(obs), nxt)
             if not self._maybe_call(slot, row, nxt, token, runner, stopped=not going):  # a turn may end at once
                 sched.resume(slot, nxt, going)

@@ -7,7 +7,8 @@ model, which the weight plane (tandem/weights/) refreshes in place after each ac
 
 Multi-turn (`tools`, tandem/rollout/tools.py): responses hold the tool observations too, as verl's
 multi-turn rollouts do: `attention_mask` covers every real token, `response_mask` the model's own
-tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's calls. With interactions
+tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's calls, `tool_errors` [B] its
+error observations and `num_turns` [B] its turns (verl's: the prompt, the model's and the observations). With interactions
 configured, a row whose `extra_info.interaction_kwargs` names one plays an environment episode (verl's
 rule) and two columns come back: `turn_scores` (each Step's reward, verl's name) and `episode` (the
 row's EpisodeRecord as a dict; None for a row that played none).
@@ -57,7 +58,8 @@ class RolloutWorker:
             "input_ids": torch.cat([res.prompts, res.responses], dim=1),
             "attention_mask": torch.cat([res.prompt_mask, res.response_mask], dim=1),
             "rollout_log_probs": res.rollout_log_probs,
-            **({} if res.tool_calls is None else {"tool_calls": res.tool_calls}),
+            **({} if res.tool_calls is None else {"tool_calls": res.tool_calls, "tool_errors": res.tool_errors,
+                                                  "num_turns": res.num_turns}),
         }, meta={"temperature": params.logprob_temperature, "rollout_n": params.n,
                  "weights_version": self.weights_version})
         if res.episodes is not None:

@@ -179,7 +179,8 @@ def test_timeouts_and_a_dead_server_end_the_episode(model, stops):
 def test_turn_scores_reach_the_reward_function(model, stops):
     """The rollout worker takes each row's interaction from extra_info.interaction_kwargs (verl's place)
     and returns turn_scores and episode columns; the Score request hands them to the reward function in
-    extra_info, beside the row's own keys. Rows without interaction_kwargs carry no episode."""
+    extra_info, beside the row's own keys. Rows without interaction_kwargs carry no episode. The step's
+    metrics sum the episodes' scores."""
     from tandem.config import load_config
     from tandem.controller import scoring
     from tandem.data.batch import DataProto
@@ -206,3 +207,9 @@ def test_turn_scores_reach_the_reward_function(model, stops):
     request = scoring.reward_request(gen, Decoder(), load_config())
     for row, info in enumerate(request["extra_info"]):
         assert info["index"] == row // 2 and info["turn_scores"] == scores[row] and info["episode"] == episodes[row]
+    from tandem.controller.step_metrics import tool_metrics
+
+    played = [e for e in episodes if e is not None]
+    m = tool_metrics(gen)  # the step's log: the episodes' summed turn scores and errors, over the rows that played
+    assert m["rollout/episode_score_mean"] == sum(sum(e["turn_scores"]) for e in played) / len(played) > 0
+    assert m["rollout/episode_error_ratio"] == 0 and m["num_turns/max"] >= 3

@@ -39,8 +39,19 @@ def test_the_rows_hold_observations_as_context_only(rows):
     assert obs.sum() >= 6 and int(rows["tool_calls"].sum()) >= 2, "the test needs rows that called the tool"
     assert set(rows["responses"][obs].tolist()) <= set(turns.OK_TOKENS)
     assert (rows["rollout_log_probs"][obs] == 0).all()
-    assert tool_metrics(rows) == {"rollout/tool_calls_mean": float(rows["tool_calls"].float().mean()),
-                                  "rollout/observation_tokens_mean": float(obs.sum(-1).float().mean())}
+    # verl's num_turns: the prompt, each call's answer, and a model turn before each and after the last
+    # unless the answer filled the budget
+    real = rows["attention_mask"][:, -obs.shape[1]:].bool()
+    ends_on_obs = obs.gather(1, (real.sum(-1, keepdim=True) - 1)).squeeze(1)
+    calls = rows["tool_calls"]
+    assert torch.equal(rows["num_turns"], 1 + 2 * calls + (~ends_on_obs).long())
+    assert int(rows["tool_errors"].sum()) == 0  # the echo tool always answers
+    per_row = rows["num_turns"].float()
+    assert tool_metrics(rows) == {"rollout/tool_calls_mean": float(calls.float().mean()),
+                                  "rollout/tool_errors_mean": 0.0,
+                                  "rollout/observation_tokens_mean": float(obs.sum(-1).float().mean()),
+                                  "num_turns/min": float(per_row.min()), "num_turns/max": float(per_row.max()),
+                                  "num_turns/mean": float(per_row.mean())}
 
 
 def test_observations_get_no_gradient_no_advantage_no_reward(model, rows):
