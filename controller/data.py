@@ -113,7 +113,7 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
     whose prompt tokenizes to nothing (no step could generate from it) are skipped (logged with
     their rows). Both are counted in `skipped` ({"overlong": n, "empty_prompt": n}) when given."""
     spec = spec or PromptSpec(max_prompt_length)
-    out, dropped, empty, unshown, tools_kwargs = [], 0, [], 0, 0
+    out, dropped, empty, unshown = [], 0, [], 0
     bos = [tokenizer.bos_token_id] if tokenizer.bos_token_id is not None else []
     paths = [path] if isinstance(path, str) else list(path)
     rows = [(p, i, row) for p in paths for i, row in enumerate(read_rows(p))]
@@ -124,7 +124,6 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
         text = render_prompt(row[spec.prompt_key], tokenizer, spec.chat_kwargs, spec.tools)
         if spec.tools:
             unshown += isinstance(row[spec.prompt_key], str) or not getattr(tokenizer, "chat_template", None)
-            tools_kwargs += isinstance(row.get("extra_info"), dict) and bool(row["extra_info"].get("tools_kwargs"))
         tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
         if not tokens:
             empty.append(f"{p}: row {i}")
@@ -143,8 +142,6 @@ def load_examples(path, tokenizer, max_prompt_length: int | None = None, spec: P
     if unshown:  # a plain-text prompt, or a tokenizer without a chat template, has no place for them
         _log.warning("data.tool_schemas_not_shown", path=paths, rows=unshown,
                      why="the prompt is plain text or the tokenizer has no chat template")
-    if tools_kwargs:  # verl's per-row create_kwargs: a ToolService call carries only name and arguments
-        _log.warning("data.tools_kwargs_ignored", path=paths, rows=tools_kwargs)
     if skipped is not None:
         skipped.update({"overlong": dropped, "empty_prompt": len(empty)})
     if not out:

@@ -15,7 +15,8 @@ Multi-turn (`tools=MultiTurn(...)`): a row that stops on a tool call keeps its s
 while its call runs (multi_turn.py); its observation is fed into the same cache and it decodes on.
 Observation tokens are part of the response, flagged in `observation_mask`. With `tasks` (a prompt's
 interaction_kwargs) and `MultiTurn.interactions`, each of its rows plays an environment episode whose
-turns come back the same way (episodes.py); `episodes` records them.
+turns come back the same way (episodes.py); `episodes` records them. With `tools_kwargs` (a prompt's
+verl extra_info.tools_kwargs), its rows' calls of a tool carry that tool's entry.
 
 Not here: pipeline parallelism, vLLM/SGLang engines, prefix caching across prompts.
 """
@@ -109,11 +110,13 @@ class GenerationEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams,
-                 tools: MultiTurn | None = None, tasks: list[dict | None] | None = None) -> GenerationResult:
+                 tools: MultiTurn | None = None, tasks: list[dict | None] | None = None,
+                 tools_kwargs: list | None = None) -> GenerationResult:
         """Each prompt is sampled params.n times; rows are prompt-major (p0 s0, p0 s1, ...).
         With `tools`, rows call tools between turns; max_new_tokens bounds a row's whole response,
         observations included. `tasks[p]`: prompt p's interaction_kwargs (None: no episode); each of
-        its rows plays its own episode (tools.interactions)."""
+        its rows plays its own episode (tools.interactions). `tools_kwargs[p]`: prompt p's verl
+        tools_kwargs ({tool name: {"create_kwargs": ...}}; None: none), sent with its rows' calls."""
         params.validate(self.vocab_size)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ValueError("prompts: every prompt needs at least one token")
@@ -140,7 +143,9 @@ class GenerationEngine:
         if tools is not None:
             self._tool_loop = self._tool_loop or ToolLoop()
             row_tasks = None if tasks is None else [t for t in tasks for _ in range(n)]
-            turns = ToolTurns(tools, self._tool_loop, rows, r, lockstep=lockstep, tasks=row_tasks)
+            row_kwargs = None if tools_kwargs is None else [k for k in tools_kwargs for _ in range(n)]
+            turns = ToolTurns(tools, self._tool_loop, rows, r, lockstep=lockstep, tasks=row_tasks,
+                              tools_kwargs=row_kwargs)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -6,13 +6,14 @@ token. `ToolTurns.pause` picks the rows that stopped there with turns and budget
 turn's calls and issues them at once on `ToolLoop`'s event loop (a thread): every row's calls are
 one `ToolCaller.call` of their own, so a slow tool holds only the rows that called it. Each call
 has a deadline and retries; what still fails becomes an error observation (ok=False), never an
-exception or an empty answer. `ToolTurns.resume` feeds the answered rows' observation tokens into
-their cache slots in one forward (turn_prefill.continue_rows: the prefixes are not recomputed) and
-hands the slots back to the scheduler. The engine waits on the tools only when no row can decode
-(Scheduler.stalled). At TP > 1 (lockstep: every rank of the group runs this loop) only the group's
-first rank calls the tools and broadcasts the answers that have come: a tool answering two ranks
-differently (a timeout on one, a stateful tool) must not split the group's rows, a side effect must
-happen once, and a slow tool holds only its rows there too.
+exception or an empty answer. A row's calls carry its `tools_kwargs` entry for each tool (verl's
+extra_info.tools_kwargs; ToolCall.kwargs). `ToolTurns.resume` feeds the answered rows' observation
+tokens into their cache slots in one forward (turn_prefill.continue_rows: the prefixes are not
+recomputed) and hands the slots back to the scheduler. The engine waits on the tools only when no
+row can decode (Scheduler.stalled). At TP > 1 (lockstep: every rank of the group runs this loop)
+only the group's first rank calls the tools and broadcasts the answers that have come: a tool
+answering two ranks differently (a timeout on one, a stateful tool) must not split the group's rows,
+a side effect must happen once, and a slow tool holds only its rows there too.
 
 Environments (`MultiTurn.interactions`, episodes.py): a row whose data names an interaction also
 pauses when it ends a turn on a stop token (not a tool call); the turn's text is its episode's next
@@ -32,7 +33,7 @@ from typing import Protocol, Sequence
 
 from tandem.generation.episodes import Episodes, Interactions
 from tandem.generation.turn_prefill import continue_rows, end_row, stopped_at
-from tandem.tools.calls import ToolCall, ToolCaller, ToolResult
+from tandem.tools.calls import ToolCall, ToolCaller, ToolResult, with_row_kwargs
 
 
 class ToolFormat(Protocol):
@@ -129,8 +130,9 @@ class ToolTurns:
     calls in flight."""
 
     def __init__(self, mt: MultiTurn, loop: ToolLoop, rows: int, max_new_tokens: int, lockstep: bool = False,
-                 tasks: list[dict | None] | None = None):
+                 tasks: list[dict | None] | None = None, tools_kwargs: list | None = None):
         self.mt, self.loop, self.r, self.lockstep = mt, loop, max_new_tokens, lockstep
+        self.tools_kwargs = tools_kwargs or [None] * rows  # each row's verl tools_kwargs, sent with its calls
         self.calling = not lockstep or _tp_rank() == 0  # the rank that calls the tools
         self.turns = [1] * rows  # model turns started
         self.calls = [0] * rows  # tool calls parsed and issued
@@ -153,7 +155,7 @@ class ToolTurns:
             return False
         turn = runner.out_tok[row, self.turn_start[row]:index + 1].tolist()
         if token == self.mt.format.end_id:
-            calls = self.mt.format.parse(turn)
+            calls = with_row_kwargs(self.mt.format.parse(turn), self.tools_kwargs[row])
             self.calls[row] += len(calls)
             future, env = (self.loop.submit(answer(self.mt, calls)) if self.calling else None), False
         elif self.episodes is not None and self.episodes.open(row):

@@ -11,7 +11,8 @@ tokens only (the loss and advantage mask), `tool_calls` [B] counts each row's ca
 error observations and `num_turns` [B] its turns (verl's: the prompt, the model's and the observations). With interactions
 configured, a row whose `extra_info.interaction_kwargs` names one plays an environment episode (verl's
 rule) and two columns come back: `turn_scores` (each Step's reward, verl's name) and `episode` (the
-row's EpisodeRecord as a dict; None for a row that played none).
+row's EpisodeRecord as a dict; None for a row that played none). A row's `extra_info.tools_kwargs`
+(verl's) go with its tool calls: each call carries its tool's entry to the service.
 """
 from __future__ import annotations
 
@@ -44,8 +45,9 @@ class RolloutWorker:
         ids, mask = batch["input_ids"], batch["attention_mask"]
         prompts = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
         tasks = interaction_tasks(batch) if self.tools is not None and self.tools.interactions is not None else None
+        kwargs = extra_info_of(batch, "tools_kwargs") if self.tools is not None else None
         with sequence_parallel_off(self.model):  # a training layout with SP generates without it
-            res = self.engine.generate(prompts, params, tools=self.tools, tasks=tasks)
+            res = self.engine.generate(prompts, params, tools=self.tools, tasks=tasks, tools_kwargs=kwargs)
         if self.free_cache_engine:  # the next call allocates (and on GPU captures) again
             self.release()
         model_tokens = res.response_mask
@@ -100,6 +102,12 @@ class RolloutWorker:
 def interaction_tasks(batch: DataProto) -> list[dict | None]:
     """Each prompt's `extra_info.interaction_kwargs` (verl's place; `name` picks the interaction), or
     None. Kwargs without a name (or not a mapping) still start an episode, which fails saying so."""
-    extra = batch.columns.get("extra_info") or [None] * len(batch)
-    kwargs = [info.get("interaction_kwargs") if isinstance(info, dict) else None for info in extra]
+    kwargs = extra_info_of(batch, "interaction_kwargs")
     return [k if k is None or isinstance(k, dict) else {"name": ""} for k in kwargs]
+
+
+def extra_info_of(batch: DataProto, key: str) -> list:
+    """Each prompt's `extra_info[key]`, or None where it has none (verl's tools_kwargs: the tools see it
+    as it is, a malformed one fails only that row's calls)."""
+    extra = batch.columns.get("extra_info") or [None] * len(batch)
+    return [info.get(key) if isinstance(info, dict) else None for info in extra]

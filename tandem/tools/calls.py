@@ -3,7 +3,7 @@ seam between multi-turn generation and the tool and environment services (tandem
 grpc_episodes.py), so the engine never waits on the network itself."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol, Sequence
 
 
@@ -11,6 +11,18 @@ from typing import Protocol, Sequence
 class ToolCall:
     name: str
     arguments: dict  # the JSON object the model wrote
+    # the row's kwargs for this tool, verl's extra_info.tools_kwargs[name] ({"create_kwargs": ...}); None: none
+    kwargs: dict | None = None
+
+
+def with_row_kwargs(calls: Sequence[ToolCall], tools_kwargs) -> list[ToolCall]:
+    """The calls of one row, each carrying that row's tools_kwargs entry for its tool. A tools_kwargs
+    that is not a mapping goes on as it is, so the caller reports it as the call's error."""
+    if tools_kwargs is None:
+        return list(calls)
+    if not isinstance(tools_kwargs, dict):
+        return [replace(c, kwargs=tools_kwargs) for c in calls]
+    return [replace(c, kwargs=tools_kwargs.get(c.name)) for c in calls]
 
 
 @dataclass(frozen=True)

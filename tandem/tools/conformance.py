@@ -14,6 +14,8 @@ Rules, each reported PASS or FAIL with one line per problem:
   message naming it;
 - `invalid_arguments`: arguments that are not JSON, not a JSON object, or lack a required property
   are INVALID_ARGUMENT (the last naming the property), and the server answers afterwards;
+- `instance_kwargs`: every tool, called as in `call_tools` but with a row's kwargs it does not use
+  (`instance_kwargs_json`, verl's tools_kwargs entry), answers OK: rows carry kwargs for many tools;
 - `deadline`: a call is answered within a 5 s deadline; a call under a 1 ms deadline ends (OK or
   DEADLINE_EXCEEDED) within 2 s, and the server answers afterwards;
 - `auth` (with --token-file / --token-env): no token and a wrong token are UNAUTHENTICATED;
@@ -60,11 +62,14 @@ LIST, CALL = "/tandem.v1.ToolService/ListTools", "/tandem.v1.ToolService/CallToo
 START, STEP, CLOSE = ("/tandem.v1.EnvironmentService/StartEpisode", "/tandem.v1.EnvironmentService/Step",
                       "/tandem.v1.EnvironmentService/CloseEpisode")
 NO_SUCH_TOOL = "tandem_conformance_no_such_tool"
+# kwargs in verl's shape that no tool uses: a tool must not fail for what it ignores
+UNUSED_KWARGS = json.dumps({"create_kwargs": {"tandem_conformance_unused": "x"}, "execute_kwargs": {}})
 
 
-def _call(name: str, arguments_json: str) -> bytes:
-    return tools_pb2.CallToolRequest(name=name, arguments_json=arguments_json,
-                                     call_id=f"conformance-{uuid.uuid4().hex[:8]}").SerializeToString()
+def _call(name: str, arguments_json: str, instance_kwargs_json: str = "") -> bytes:
+    call_id = f"conformance-{uuid.uuid4().hex[:8]}"
+    return tools_pb2.CallToolRequest(name=name, arguments_json=arguments_json, call_id=call_id,
+                                     instance_kwargs_json=instance_kwargs_json).SerializeToString()
 
 
 class Checker:
@@ -78,8 +83,9 @@ class Checker:
         return await unary(self.endpoint, security or self.security, method, payload, response_cls,
                            timeout_s if timeout_s is not None else self.timeout_s)
 
-    async def call_tool(self, name: str, arguments_json: str, **kw):
-        return await self.rpc(CALL, _call(name, arguments_json), tools_pb2.CallToolResponse, **kw)
+    async def call_tool(self, name: str, arguments_json: str, instance_kwargs_json: str = "", **kw):
+        return await self.rpc(CALL, _call(name, arguments_json, instance_kwargs_json), tools_pb2.CallToolResponse,
+                              **kw)
 
     async def answers(self, problems: list[str], what: str, **kw) -> None:
         """A good call (the first listed tool with its example arguments) answers OK with text."""
@@ -115,21 +121,26 @@ class Checker:
                 self.tools[fn["name"]] = fn
         return result
 
-    async def call_tools(self) -> RuleResult:
-        result = RuleResult("call_tools")
+    async def call_tools(self, rule: str = "call_tools", kwargs: str = "") -> RuleResult:
+        """Every tool with its example arguments (and `kwargs` as instance_kwargs_json) answers OK with text."""
+        result = RuleResult(rule)
         if not self.tools:
             result.problems.append("no valid tool to call (see list_tools)")
+        with_kwargs = " with kwargs it does not use" if kwargs else ""
 
         async def one(name: str, fn: dict) -> None:
             args = example_arguments(fn["parameters"])
-            code, details, r = await self.call_tool(name, json.dumps(args))
+            code, details, r = await self.call_tool(name, json.dumps(args), kwargs)
             if code != grpc.StatusCode.OK:
-                result.problems.append(f"{name}({json.dumps(args)}) failed with {code.name}: {details}")
+                result.problems.append(f"{name}({json.dumps(args)}){with_kwargs} failed with {code.name}: {details}")
             elif not r.text:
-                result.problems.append(f"{name}({json.dumps(args)}) answered an empty text")
+                result.problems.append(f"{name}({json.dumps(args)}){with_kwargs} answered an empty text")
 
         await asyncio.gather(*(one(n, fn) for n, fn in self.tools.items()))  # concurrently, as a rollout calls
         return result
+
+    async def instance_kwargs(self) -> RuleResult:
+        return await self.call_tools("instance_kwargs", UNUSED_KWARGS)
 
     async def unknown_tool(self) -> RuleResult:
         result = RuleResult("unknown_tool")
@@ -244,7 +255,7 @@ class Checker:
 
     async def run(self) -> list[RuleResult]:
         rules = [self.health, self.list_tools, self.call_tools, self.unknown_tool, self.invalid_arguments,
-                 self.deadline]
+                 self.instance_kwargs, self.deadline]
         if self.security.token:
             rules.append(self.auth)
         if self.security.tls is not None:

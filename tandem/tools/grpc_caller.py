@@ -6,14 +6,16 @@
     async for i, result in caller.call_as_completed(calls): ...   # each result as soon as it is in
     await caller.close()
 
+A call's `kwargs` (the row's verl tools_kwargs entry for the tool) go as `instance_kwargs_json`.
+
 Never raises for a failed call (only cancellation passes): an unknown tool, arguments that are not
-a JSON object, a deadline passed, a status other than OK, a tool's own error (is_error) and an
-empty answer each become ToolResult(ok=False, text="error: ...") that the model is shown and that
-names the tool. UNAVAILABLE and RESOURCE_EXHAUSTED are retried with exponential backoff inside the
-call's deadline (tandem/tools/rpc_calls.py: a tool call is assumed safe to repeat when the server did
-not take it, which is what those codes say). One channel per server, opened on first use in the
-running event loop. A slow call holds only its own row: `call_as_completed` yields the others first;
-`call` returns when the last is done.
+a JSON object, kwargs that are not one, a deadline passed, a status other than OK, a tool's own
+error (is_error) and an empty answer each become ToolResult(ok=False, text="error: ...") that the
+model is shown and that names the tool. UNAVAILABLE and RESOURCE_EXHAUSTED are retried with
+exponential backoff inside the call's deadline (tandem/tools/rpc_calls.py: a tool call is assumed
+safe to repeat when the server did not take it, which is what those codes say). One channel per
+server, opened on first use in the running event loop. A slow call holds only its own row:
+`call_as_completed` yields the others first; `call` returns when the last is done.
 
 Deliberately not here: parsing the model's text into calls, and truncating observations (the
 rollout's job); EnvironmentService episodes (tandem/tools/grpc_episodes.py).
@@ -86,12 +88,14 @@ class GrpcToolCaller:
         route = self.routes.get(call.name)
         if route is None:
             return error(f"unknown tool {call.name!r}; the tools are: {', '.join(sorted(self.routes)) or 'none'}")
-        arguments = _arguments_json(call)
-        if isinstance(arguments, ToolResult):
-            return arguments
+        arguments, kwargs = _arguments_json(call), _kwargs_json(call)
+        for bad in (arguments, kwargs):
+            if isinstance(bad, ToolResult):
+                return bad
         timeout_s = route.timeout_s or self.timeout_s
         call_id = uuid.uuid4().hex[:16]
-        request = tools_pb2.CallToolRequest(name=call.name, arguments_json=arguments, call_id=call_id)
+        request = tools_pb2.CallToolRequest(name=call.name, arguments_json=arguments, call_id=call_id,
+                                            instance_kwargs_json=kwargs)
         stub, slots = self._channels.get(route)
         async with slots:  # the deadline starts when the call is sent, not while it queues
             reply, failure = await send(stub.CallTool, request, timeout_s, max_retries=self.max_retries,
@@ -124,3 +128,17 @@ def _arguments_json(call: ToolCall) -> str | ToolResult:
         return json.dumps(args, allow_nan=False)
     except (TypeError, ValueError) as e:
         return error(f"tool {call.name!r}: the arguments are not JSON: {e}")
+
+
+def _kwargs_json(call: ToolCall) -> str | ToolResult:
+    """The row's kwargs for the tool as JSON text ("" for none), or the error result the model sees:
+    bad data fails that row's call, never the rollout."""
+    if call.kwargs is None:
+        return ""
+    if not isinstance(call.kwargs, dict):
+        return error(f"tool {call.name!r}: the row's tools_kwargs for it must be a JSON object, "
+                     f"got {type(call.kwargs).__name__}")
+    try:
+        return json.dumps(call.kwargs, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        return error(f"tool {call.name!r}: the row's tools_kwargs are not JSON: {e}")

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tandem/v1/tools.proto\x12\ttandem.v1\"\x12\n\x10ListToolsRequest\"9\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.tandem.v1.ToolSchema\"\x1a\n\nToolSchema\x12\x0c\n\x04json\x18\x01 \x01(\t\"H\n\x0f\x43\x61llToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\"2\n\x10\x43\x61llToolResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\"=\n\x13StartEpisodeRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\"+\n\x14StartEpisodeResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\"2\n\x0bStepRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"A\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\"*\n\x13\x43loseEpisodeRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseEpisodeResponse2\x9a\x01\n\x0bToolService\x12\x46\n\tListTools\x12\x1b.tandem.v1.ListToolsRequest\x1a\x1c.tandem.v1.ListToolsResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.tandem.v1.CallToolRequest\x1a\x1b.tandem.v1.CallToolResponse2\xef\x01\n\x12\x45nvironmentService\x12O\n\x0cStartEpisode\x12\x1e.tandem.v1.StartEpisodeRequest\x1a\x1f.tandem.v1.StartEpisodeResponse\x12\x37\n\x04Step\x12\x16.tandem.v1.StepRequest\x1a\x17.tandem.v1.StepResponse\x12O\n\x0c\x43loseEpisode\x12\x1e.tandem.v1.CloseEpisodeRequest\x1a\x1f.tandem.v1.CloseEpisodeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15tandem/v1/tools.proto\x12\ttandem.v1\"\x12\n\x10ListToolsRequest\"9\n\x11ListToolsResponse\x12$\n\x05tools\x18\x01 \x03(\x0b\x32\x15.tandem.v1.ToolSchema\"\x1a\n\nToolSchema\x12\x0c\n\x04json\x18\x01 \x01(\t\"f\n\x0f\x43\x61llToolRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x16\n\x0e\x61rguments_json\x18\x02 \x01(\t\x12\x0f\n\x07\x63\x61ll_id\x18\x03 \x01(\t\x12\x1c\n\x14instance_kwargs_json\x18\x04 \x01(\t\"2\n\x10\x43\x61llToolResponse\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x10\n\x08is_error\x18\x02 \x01(\x08\"=\n\x13StartEpisodeRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x11\n\ttask_json\x18\x02 \x01(\t\"+\n\x14StartEpisodeResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\"2\n\x0bStepRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0e\n\x06\x61\x63tion\x18\x02 \x01(\t\"A\n\x0cStepResponse\x12\x13\n\x0bobservation\x18\x01 \x01(\t\x12\x0e\n\x06reward\x18\x02 \x01(\x01\x12\x0c\n\x04\x64one\x18\x03 \x01(\x08\"*\n\x13\x43loseEpisodeRequest\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\"\x16\n\x14\x43loseEpisodeResponse2\x9a\x01\n\x0bToolService\x12\x46\n\tListTools\x12\x1b.tandem.v1.ListToolsRequest\x1a\x1c.tandem.v1.ListToolsResponse\x12\x43\n\x08\x43\x61llTool\x12\x1a.tandem.v1.CallToolRequest\x1a\x1b.tandem.v1.CallToolResponse2\xef\x01\n\x12\x45nvironmentService\x12O\n\x0cStartEpisode\x12\x1e.tandem.v1.StartEpisodeRequest\x1a\x1f.tandem.v1.StartEpisodeResponse\x12\x37\n\x04Step\x12\x16.tandem.v1.StepRequest\x1a\x17.tandem.v1.StepResponse\x12O\n\x0c\x43loseEpisode\x12\x1e.tandem.v1.CloseEpisodeRequest\x1a\x1f.tandem.v1.CloseEpisodeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,23 +38,23 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOOLSCHEMA']._serialized_start=115
   _globals['_TOOLSCHEMA']._serialized_end=141
   _globals['_CALLTOOLREQUEST']._serialized_start=143
-  _globals['_CALLTOOLREQUEST']._serialized_end=215
-  _globals['_CALLTOOLRESPONSE']._serialized_start=217
-  _globals['_CALLTOOLRESPONSE']._serialized_end=267
-  _globals['_STARTEPISODEREQUEST']._serialized_start=269
-  _globals['_STARTEPISODEREQUEST']._serialized_end=330
-  _globals['_STARTEPISODERESPONSE']._serialized_start=332
-  _globals['_STARTEPISODERESPONSE']._serialized_end=375
-  _globals['_STEPREQUEST']._serialized_start=377
-  _globals['_STEPREQUEST']._serialized_end=427
-  _globals['_STEPRESPONSE']._serialized_start=429
-  _globals['_STEPRESPONSE']._serialized_end=494
-  _globals['_CLOSEEPISODEREQUEST']._serialized_start=496
-  _globals['_CLOSEEPISODEREQUEST']._serialized_end=538
-  _globals['_CLOSEEPISODERESPONSE']._serialized_start=540
-  _globals['_CLOSEEPISODERESPONSE']._serialized_end=562
-  _globals['_TOOLSERVICE']._serialized_start=565
-  _globals['_TOOLSERVICE']._serialized_end=719
-  _globals['_ENVIRONMENTSERVICE']._serialized_start=722
-  _globals['_ENVIRONMENTSERVICE']._serialized_end=961
+  _globals['_CALLTOOLREQUEST']._serialized_end=245
+  _globals['_CALLTOOLRESPONSE']._serialized_start=247
+  _globals['_CALLTOOLRESPONSE']._serialized_end=297
+  _globals['_STARTEPISODEREQUEST']._serialized_start=299
+  _globals['_STARTEPISODEREQUEST']._serialized_end=360
+  _globals['_STARTEPISODERESPONSE']._serialized_start=362
+  _globals['_STARTEPISODERESPONSE']._serialized_end=405
+  _globals['_STEPREQUEST']._serialized_start=407
+  _globals['_STEPREQUEST']._serialized_end=457
+  _globals['_STEPRESPONSE']._serialized_start=459
+  _globals['_STEPRESPONSE']._serialized_end=524
+  _globals['_CLOSEEPISODEREQUEST']._serialized_start=526
+  _globals['_CLOSEEPISODEREQUEST']._serialized_end=568
+  _globals['_CLOSEEPISODERESPONSE']._serialized_start=570
+  _globals['_CLOSEEPISODERESPONSE']._serialized_end=592
+  _globals['_TOOLSERVICE']._serialized_start=595
+  _globals['_TOOLSERVICE']._serialized_end=749
+  _globals['_ENVIRONMENTSERVICE']._serialized_start=752
+  _globals['_ENVIRONMENTSERVICE']._serialized_end=991
 # @@protoc_insertion_point(module_scope)

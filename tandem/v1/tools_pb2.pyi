@@ -23,14 +23,16 @@ class ToolSchema(_message.Message):
     def __init__(self, json: _Optional[str] = ...) -> None: ...
 
 class CallToolRequest(_message.Message):
-    __slots__ = ("name", "arguments_json", "call_id")
+    __slots__ = ("name", "arguments_json", "call_id", "instance_kwargs_json")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ARGUMENTS_JSON_FIELD_NUMBER: _ClassVar[int]
     CALL_ID_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
     name: str
     arguments_json: str
     call_id: str
-    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ...) -> None: ...
+    instance_kwargs_json: str
+    def __init__(self, name: _Optional[str] = ..., arguments_json: _Optional[str] = ..., call_id: _Optional[str] = ..., instance_kwargs_json: _Optional[str] = ...) -> None: ...
 
 class CallToolResponse(_message.Message):
     __slots__ = ("text", "is_error")

@@ -10,6 +10,7 @@ Tools (ToolService only, no environment):
   oops {}         is_error: "oops: division by zero"
   flaky {"key"}   UNAVAILABLE for the first 2 calls of each key, then "ok after 3 attempts"
   empty {}        answers an empty text (breaks the contract)
+  kwargs {}       answers the call's instance_kwargs_json as it came ("(none)" when empty)
 
 --break (each breaks one rule of tandem.tools.conformance; the tools are then echo and blank):
   health             no grpc.health.v1 service
@@ -17,6 +18,7 @@ Tools (ToolService only, no environment):
   call_tools         blank answers an empty text
   unknown_tool       an unlisted name is answered OK
   invalid_arguments  arguments that are not a JSON object are answered OK
+  instance_kwargs    a call carrying kwargs (instance_kwargs_json) is INVALID_ARGUMENT
   deadline           a call with a deadline under 10 s takes 6 s
   auth               --token-file is read but never checked
 """
@@ -37,7 +39,8 @@ def schema(name: str, properties: dict | None = None, kind: str = "object") -> s
 
 
 TEXT, KEY = {"text": {"type": "string"}}, {"key": {"type": "string"}}
-FAULT_TOOLS = {"echo": TEXT, "wait": KEY, "release": KEY, "fail": {}, "oops": {}, "flaky": KEY, "empty": {}}
+FAULT_TOOLS = {"echo": TEXT, "wait": KEY, "release": KEY, "fail": {}, "oops": {}, "flaky": KEY, "empty": {},
+               "kwargs": {}}
 
 
 class Faulty(tools_pb2_grpc.ToolServiceServicer):
@@ -78,11 +81,13 @@ class Faulty(tools_pb2_grpc.ToolServiceServicer):
             args = {}
         if request.name == "echo" and "text" not in args and "invalid_arguments" not in self.broken:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "missing required property 'text'")
+        if "instance_kwargs" in self.broken and request.instance_kwargs_json:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "instance_kwargs_json: not expected")
         if "deadline" in self.broken and (context.time_remaining() or 60) < 10:
             await asyncio.sleep(6)
-        return await self.run(request.name, args, context)
+        return await self.run(request.name, args, context, request.instance_kwargs_json)
 
-    async def run(self, name: str, args: dict, context):
+    async def run(self, name: str, args: dict, context, kwargs_json: str = ""):
         text, is_error = "", False
         if name == "echo":
             text = str(args.get("text", "echo"))
@@ -98,6 +103,8 @@ class Faulty(tools_pb2_grpc.ToolServiceServicer):
             text = "released"
         elif name == "fail":
             await context.abort(grpc.StatusCode.INTERNAL, "tool exploded")
+        elif name == "kwargs":
+            text = kwargs_json or "(none)"
         elif name == "oops":
             text, is_error = "oops: division by zero", True
         elif name == "flaky":

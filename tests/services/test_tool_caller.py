@@ -4,6 +4,7 @@ faulty_tool_server.py). Every failure comes back as an observation with ok=False
 and never an empty text; a slow call does not hold the others (shown by order of events: the slow
 tool answers only once a later call releases it)."""
 import asyncio
+import json
 import sys
 
 import pytest
@@ -17,7 +18,7 @@ from tandem.tools.calls import ToolCall, ToolResult
 from tandem.tools.grpc_caller import GrpcToolCaller
 from tandem.tools.tool_config import ToolRoute
 
-FAULTY = ["echo", "wait", "release", "fail", "oops", "flaky", "empty"]
+FAULTY = ["echo", "wait", "release", "fail", "oops", "flaky", "empty", "kwargs"]
 
 
 @pytest.fixture(scope="module")
@@ -32,19 +33,23 @@ def caller(endpoint: str, **kw) -> GrpcToolCaller:
     return GrpcToolCaller({name: ToolRoute(endpoint) for name in FAULTY}, **kw)
 
 
-def test_failures_become_observations_in_order(faulty):
-    calls = [ToolCall("echo", {"text": "hi"}), ToolCall("fail", {}), ToolCall("oops", {}), ToolCall("empty", {}),
-             ToolCall("nope", {}), ToolCall("echo", ["not", "an", "object"]), ToolCall("echo", {"x": float("nan")}),
-             ToolCall("echo", '{"text": "from text"}'), ToolCall("echo", "{broken"), ToolCall("echo", {})]
-
+def call_all(endpoint: str, calls: list[ToolCall]) -> list[ToolResult]:
+    """The calls at once, on a caller of their own."""
     async def run():
-        c = caller(faulty)
+        c = caller(endpoint)
         try:
             return await c.call(calls)
         finally:
             await c.close()
 
-    results = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_failures_become_observations_in_order(faulty):
+    calls = [ToolCall("echo", {"text": "hi"}), ToolCall("fail", {}), ToolCall("oops", {}), ToolCall("empty", {}),
+             ToolCall("nope", {}), ToolCall("echo", ["not", "an", "object"]), ToolCall("echo", {"x": float("nan")}),
+             ToolCall("echo", '{"text": "from text"}'), ToolCall("echo", "{broken"), ToolCall("echo", {})]
+    results = call_all(faulty, calls)
     assert results[0] == ToolResult("hi", True)
     assert results[1] == ToolResult("error: tool 'fail' failed: INTERNAL: tool exploded", False)
     assert results[2] == ToolResult("oops: division by zero", False)  # the tool's own error, as it said it
@@ -56,6 +61,21 @@ def test_failures_become_observations_in_order(faulty):
     assert results[8].text.startswith("error: tool 'echo': the arguments are not valid JSON")
     assert results[9].text == "error: tool 'echo' failed: INVALID_ARGUMENT: missing required property 'text'"
     assert not any(r.ok for r in results[1:7] + results[8:]) and all(r.text for r in results)
+
+
+def test_a_calls_kwargs_reach_the_server_as_sent(faulty):
+    """A call's kwargs (a row's verl tools_kwargs entry) arrive as instance_kwargs_json, only with that
+    call; kwargs that are not a JSON object fail that call alone, before anything is sent."""
+    entry = {"create_kwargs": {"ground_truth": "72"}, "execute_kwargs": {"strict": True}}
+    calls = [ToolCall("kwargs", {}, kwargs=entry), ToolCall("kwargs", {}), ToolCall("kwargs", {}, kwargs=["x"]),
+             ToolCall("kwargs", {}, kwargs={"create_kwargs": {"x": float("nan")}}), ToolCall("kwargs", {}, kwargs={})]
+    sent, none, listed, nan, empty = call_all(faulty, calls)
+    assert sent.ok and json.loads(sent.text) == entry
+    assert none == ToolResult("(none)", True)
+    assert listed == ToolResult("error: tool 'kwargs': the row's tools_kwargs for it must be a JSON object, got list",
+                                False)
+    assert not nan.ok and nan.text.startswith("error: tool 'kwargs': the row's tools_kwargs are not JSON: Out of range")
+    assert empty == ToolResult("{}", True)
 
 
 def test_retries_timeouts_and_a_dead_server(faulty):
@@ -105,6 +125,10 @@ def test_a_slow_call_does_not_hold_the_others(faulty):
     assert fast == [ToolResult("c", True)] and slow == [ToolResult("waited", True)]
 
 
+def truth(answer: str) -> dict:
+    return {"create_kwargs": {"ground_truth": answer}}  # verl's gsm8k rows' tools_kwargs entry
+
+
 def test_the_example_calculator_locked_with_tls_and_a_token(tmp_path):
     certs = make_certs(tmp_path / "certs")
     (tmp_path / "token").write_text("tool-secret\n")
@@ -113,13 +137,18 @@ def test_the_example_calculator_locked_with_tls_and_a_token(tmp_path):
     locked = EndpointSecurity(TLSFiles(ca_file=certs.ca), "tool-secret")
 
     async def run(endpoint):
-        good = GrpcToolCaller({n: ToolRoute(endpoint, locked) for n in ("calculator", "add", "multiply")})
+        good = GrpcToolCaller({n: ToolRoute(endpoint, locked) for n in ("calculator", "add", "multiply",
+                                                                        "calc_gsm8k_reward")})
         no_token = GrpcToolCaller({"add": ToolRoute(endpoint, EndpointSecurity(TLSFiles(ca_file=certs.ca)))})
         try:
             return (await good.call([ToolCall("calculator", {"expression": "99999999999999999999*99999999999999999999"}),
                                      ToolCall("multiply", {"a": "-12345678901234567890", "b": "3"}),
                                      ToolCall("calculator", {"expression": "2 +"}),
-                                     ToolCall("add", {"a": 1, "b": "2"})]),
+                                     ToolCall("add", {"a": 1, "b": "2"}),
+                                     # verl's gsm8k tool reads the row's ground truth; the calculator ignores kwargs
+                                     ToolCall("calc_gsm8k_reward", {"answer": "So $1,234."}, kwargs=truth("1234")),
+                                     ToolCall("calc_gsm8k_reward", {"answer": "72"}, kwargs={"create_kwargs": "72"}),
+                                     ToolCall("calculator", {"expression": "1+1"}, kwargs=truth("3"))]),
                     await no_token.call([ToolCall("add", {"a": "1", "b": "2"})]))
         finally:
             await good.close()
@@ -132,6 +161,10 @@ def test_the_example_calculator_locked_with_tls_and_a_token(tmp_path):
     assert results[2] == ToolResult("calculator: expected a number, got the end in '2 +'", False)
     assert results[3] == ToolResult("error: tool 'add' failed: INVALID_ARGUMENT: add: property 'a' must be a string, "
                                     "got int", False)
+    assert results[4] == ToolResult("answer '1234': correct, score 1.0", True)
+    assert results[5] == ToolResult("error: tool 'calc_gsm8k_reward' failed: INVALID_ARGUMENT: instance_kwargs_json: "
+                                    "create_kwargs must be a JSON object, got str", False)
+    assert results[6] == ToolResult("2", True)
     assert refused.text.startswith("error: tool 'add' failed: UNAUTHENTICATED: missing bearer token")
 
 

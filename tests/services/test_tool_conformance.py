@@ -15,7 +15,7 @@ from tandem.rpc.tls import TLSFiles
 from tandem.tools.conformance import check
 
 NODE_DIR = ROOT / "services" / "tools" / "examples" / "node"
-TOOL_RULES = ["health", "list_tools", "call_tools", "unknown_tool", "invalid_arguments", "deadline"]
+TOOL_RULES = ["health", "list_tools", "call_tools", "unknown_tool", "invalid_arguments", "instance_kwargs", "deadline"]
 ENV_RULES = ["episode", "episode_errors"]
 
 
@@ -49,13 +49,13 @@ def test_node_example_passes_plain_and_with_a_token(tmp_path):
         r = subprocess.run([sys.executable, "-m", "tandem.controller", "conformance", "--contract", "tools", b,
                             "--token-file", str(tmp_path / "token")], cwd=ROOT, capture_output=True, text=True,
                            timeout=120)
-        assert r.returncode == 0 and "7 passed, 0 failed" in r.stdout, r.stdout + r.stderr
+        assert r.returncode == 0 and "8 passed, 0 failed" in r.stdout, r.stdout + r.stderr
         assert "note: EnvironmentService is not served" in r.stdout
 
 
 def test_broken_server_fails_naming_each_broken_rule(tmp_path):
     (tmp_path / "token").write_text("never-checked")
-    broken = "health,list_tools,call_tools,unknown_tool,invalid_arguments,deadline,auth"
+    broken = "health,list_tools,call_tools,unknown_tool,invalid_arguments,instance_kwargs,deadline,auth"
     cmd = [sys.executable, str(ROOT / "tests/helpers/faulty_tool_server.py"), "--port-file", str(tmp_path / "port"),
            "--break", broken, "--token-file", str(tmp_path / "token")]
     with server_process(cmd, tmp_path / "port") as endpoint:
@@ -73,10 +73,14 @@ def test_broken_server_fails_naming_each_broken_rule(tmp_path):
         "invalid_arguments: echo with arguments that are not JSON was answered OK, not INVALID_ARGUMENT",
         "invalid_arguments: echo with arguments that are a JSON list was answered OK, not INVALID_ARGUMENT",
         "invalid_arguments: echo with arguments without the required 'text' was answered OK, not INVALID_ARGUMENT",
+        "instance_kwargs: echo({\"text\": \"1\"}) with kwargs it does not use failed with INVALID_ARGUMENT: "
+        "instance_kwargs_json: not expected",
+        "instance_kwargs: blank({}) with kwargs it does not use failed with INVALID_ARGUMENT",
         "deadline: a call under a 5 s deadline: echo failed with DEADLINE_EXCEEDED",
         "auth: a call with no token was answered OK, not UNAUTHENTICATED",
         "auth: a call with a wrong token was answered OK, not UNAUTHENTICATED",
-        "0 passed, 7 failed: health, list_tools, call_tools, unknown_tool, invalid_arguments, deadline, auth",
+        "0 passed, 8 failed: health, list_tools, call_tools, unknown_tool, invalid_arguments, instance_kwargs, "
+        "deadline, auth",
     ]
     for line in expected:
         assert line in out, f"{line!r} not in:\n{out}"

@@ -8,8 +8,9 @@ import re
 import pytest
 
 from tandem.rpc.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
-from tandem.services.tools.examples import calculator
+from tandem.services.tools.examples import calculator, gsm8k
 from tandem.services.tools.examples.guess_number import GuessNumber
+from tandem.services.tools.examples.server import instance_kwargs
 from tandem.tools.schemas import example_arguments, function_problems
 
 
@@ -44,6 +45,34 @@ def test_calculator_arguments_are_checked_against_the_schema():
         assert function_problems(tool) == []
         params = tool["function"]["parameters"]
         calculator.call_tool(tool["function"]["name"], json.dumps(example_arguments(params)))
+
+
+def test_gsm8k_checker_answers_from_the_rows_kwargs():
+    def check(answer, kwargs):
+        return gsm8k.call_tool("calc_gsm8k_reward", json.dumps({"answer": answer}), kwargs)
+
+    def truth(value):
+        return {"create_kwargs": {"ground_truth": value}, "execute_kwargs": {"unused": 1}}
+
+    assert check("#### 1,234", truth("1234")) == "answer '1234': correct, score 1.0"
+    assert check("It costs $72.0 in all", truth(72)) == "answer '72.0': correct, score 1.0"  # a number from parquet
+    assert check("71", truth("72")) == "answer '71': not correct, score 0.0"
+    assert check("I do not know", truth("72")) == "answer: no number found, score 0.0"
+    with pytest.raises(calculator.ToolFailed, match=re.escape("no ground truth (tools_kwargs.calc_gsm8k_reward.")):
+        check("72", {})  # a row without kwargs: the tool's own error, shown to the model
+    for kwargs, message in [({"create_kwargs": ["72"]}, "instance_kwargs_json: create_kwargs must be a JSON object"),
+                            (truth({"n": 72}), "create_kwargs.ground_truth must be a string or a number, got dict")]:
+        with pytest.raises(calculator.BadArguments, match=re.escape(message)):
+            check("72", kwargs)
+    with pytest.raises(calculator.BadArguments, match="property 'answer' must be a string"):
+        gsm8k.call_tool("calc_gsm8k_reward", '{"answer": 72}', truth("72"))
+    assert [function_problems(t) for t in gsm8k.TOOLS] == [[]]
+    # the request field: empty is none; anything but a JSON object names it
+    assert instance_kwargs("") == {} and instance_kwargs('{"create_kwargs": {}}') == {"create_kwargs": {}}
+    for text, message in [("{", "instance_kwargs_json: not valid JSON"),
+                          ("[1]", "instance_kwargs_json: must be a JSON object, got list")]:
+        with pytest.raises(calculator.BadArguments, match=re.escape(message)):  # INVALID_ARGUMENT on the wire
+            instance_kwargs(text)
 
 
 def test_guess_number_episodes():

@@ -195,23 +195,92 @@ class CalculatorCalls(Format):
         return [ToolCall("calculator", {"expression": self.sent[-1]})]
 
 
-def test_tool_services_named_by_a_verl_tool_config_answer(model, end_id, tmp_path):
+@pytest.fixture(scope="module")
+def example_server(tmp_path_factory):
+    """The example tool server in its own process -> its endpoint."""
+    from tool_server import example_tool_server
+
+    with example_tool_server(tmp_path_factory.mktemp("tools")) as endpoint:
+        yield endpoint
+
+
+def test_tool_services_named_by_a_verl_tool_config_answer(model, end_id, tmp_path, example_server):
     """multi_turn.tool_config_path: the engine's calls go over gRPC to the example calculator in its own
     process, at the endpoint verl's tool-config YAML names; its answers and its errors come back."""
-    from tool_server import calculator_tool_config
+    from tool_server import CALCULATOR
 
     from tandem.config import load_config
     from tandem.rollout.tools import tool_caller_from_config
 
-    with calculator_tool_config(tmp_path) as tools_yaml:
-        mt_cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true",
-                                        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}"]
-                             ).actor_rollout_ref.rollout.multi_turn
-        engine = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
-        fmt = CalculatorCalls(end_id)
-        mt = MultiTurn(tool_caller_from_config(mt_cfg), fmt, max_assistant_turns=3)
-        res = engine.generate(PROMPTS, SamplingParams(max_new_tokens=R, greedy=True), tools=mt)
+    tools_yaml = tmp_path / "tools.yaml"
+    tools_yaml.write_text(CALCULATOR.format(endpoint=example_server))
+    mt_cfg = load_config(overrides=["actor_rollout_ref.rollout.multi_turn.enable=true",
+                                    f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools_yaml}"]
+                         ).actor_rollout_ref.rollout.multi_turn
+    engine = GenerationEngine(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64)
+    fmt = CalculatorCalls(end_id)
+    mt = MultiTurn(tool_caller_from_config(mt_cfg), fmt, max_assistant_turns=3)
+    res = engine.generate(PROMPTS, SamplingParams(max_new_tokens=R, greedy=True), tools=mt)
     assert int(res.tool_calls.sum()) == len(fmt.seen) == len(fmt.sent) >= 2
     answers = {"123456789*987654321": ToolResult("121932631112635269", True),
                "2*": ToolResult("calculator: expected a number, got the end in '2*'", False)}
     assert sorted(fmt.seen, key=str) == sorted((answers[e] for e in fmt.sent), key=str), (fmt.sent, fmt.seen)
+
+
+CORRECT, WRONG, NO_TRUTH = 20, 21, 22  # observation tokens: what verl's gsm8k tool said (else ERR_TOKEN)
+
+
+class AnswerCalls(Format):
+    """Every turn submits the answer 72 to verl's gsm8k tool; the observation is one token saying what
+    came back, so each row's tokens show which kwargs its calls carried."""
+
+    def parse(self, turn):
+        return [ToolCall("calc_gsm8k_reward", {"answer": "72"})]
+
+    def observation(self, results):
+        self.seen += results
+        return [(CORRECT if r.text.endswith("correct, score 1.0") else WRONG) if r.ok
+                else NO_TRUTH if "no ground truth" in r.text else ERR_TOKEN for r in results]
+
+
+def test_each_rows_tools_kwargs_go_with_its_calls(model, end_id, tmp_path, example_server):
+    """verl's extra_info.tools_kwargs through the rollout worker: each row's calls of verl's gsm8k tool
+    (the example server's, configured by verl's YAML) carry that row's entry, its ground truth, and
+    only its; a row without one sends none; malformed kwargs are that row's error observation, refused
+    by the caller or by the server, and the other rows go on."""
+    from tool_server import GSM8K
+
+    from tandem.data.batch import DataProto
+    from tandem.generation.engine import left_pad
+    from tandem.rollout.worker import RolloutWorker
+    from tandem.tools.grpc_caller import GrpcToolCaller
+    from tandem.tools.tool_config import load_tool_config
+
+    (tmp_path / "gsm8k.yaml").write_text(GSM8K.format(endpoint=example_server))
+    fmt = AnswerCalls(end_id)
+    caller = GrpcToolCaller.from_tool_config(load_tool_config(str(tmp_path / "gsm8k.yaml")))
+    worker = RolloutWorker(model, pad_id=PAD, eos_id=EOS, vocab_size=VOCAB, max_batch_size=64,
+                           tools=MultiTurn(caller, fmt, max_assistant_turns=3))
+
+    def truth(value):
+        return {"create_kwargs": {"ground_truth": value}}
+
+    extra = [{"tools_kwargs": {"calc_gsm8k_reward": truth("72")}}, {"tools_kwargs": {"calc_gsm8k_reward": truth(71)}},
+             {"index": 2},  # no tools_kwargs: nothing sent, the tool says it has no ground truth
+             {"tools_kwargs": {"calc_gsm8k_reward": ["72"]}},  # not an object: the caller refuses it
+             {"tools_kwargs": {"calc_gsm8k_reward": {"create_kwargs": "72"}}},  # the server refuses it
+             {"tools_kwargs": {"another_tool": truth("72")}}]  # another tool's entry is not sent
+    expected = [CORRECT, WRONG, NO_TRUTH, ERR_TOKEN, ERR_TOKEN, NO_TRUTH]
+    ids, mask = left_pad(PROMPTS, PAD)
+    out = worker.generate_sequences(DataProto(tensors={"input_ids": ids, "attention_mask": mask},
+                                              columns={"extra_info": extra}),
+                                    SamplingParams(max_new_tokens=R, n=2, seed=3))
+    obs = (out["attention_mask"][:, out["prompts"].shape[1]:] - out["response_mask"]).bool()
+    said = [set(out["responses"][row][obs[row]].tolist()) for row in range(len(out))]
+    for row, tokens in enumerate(said):
+        assert tokens <= {expected[row // 2]}, (row, tokens)  # rows are prompt-major: n=2 samples each
+    assert {expected[row // 2] for row, tokens in enumerate(said) if tokens} == set(expected)  # every kind called
+    errors = [r.text for r in fmt.seen if not r.ok and "no ground truth" not in r.text]
+    assert "error: tool 'calc_gsm8k_reward': the row's tools_kwargs for it must be a JSON object, got list" in errors
+    assert "error: tool 'calc_gsm8k_reward' failed: INVALID_ARGUMENT: instance_kwargs_json: create_kwargs must be a " \
+           "JSON object, got str" in errors

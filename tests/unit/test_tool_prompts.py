@@ -14,6 +14,7 @@ from tandem.tasks.arithmetic import build_tokenizer
 from tandem.tokenizer import load_tokenizer
 
 MT = "actor_rollout_ref.rollout.multi_turn"
+KWARGS = {"calculator": {"create_kwargs": {"ground_truth": "408"}}}  # verl's extra_info.tools_kwargs
 # Hermes-like: the tools as JSON inside <tools>, before the conversation
 TEMPLATE = ("{% if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}"
             "{% for m in messages %}{{ m['content'] }}={% endfor %}")
@@ -39,7 +40,7 @@ def files(tmp_path):
     (tmp_path / "tools.yaml").write_text(TOOLS_YAML)
     for split, content in (("train", "12*34"), ("val", "56*78")):
         rows = [{"data_source": "calc", "prompt": [{"role": "user", "content": content}],
-                 "reward_model": {"ground_truth": "0"}, "extra_info": {"tools_kwargs": {"calculator": {}}}}]
+                 "reward_model": {"ground_truth": "0"}, "extra_info": {"tools_kwargs": KWARGS}}]
         (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return tmp_path
 
@@ -63,9 +64,9 @@ def test_training_and_validation_prompts_carry_the_tool_schemas(files, tokenizer
         (ex,) = split
         assert ex.prompt_text == f"<tools>{schema}</tools>\n{content}="
         assert tok.decode(ex.prompt_ids[1:]) == ex.prompt_text  # the ids carry it: no character lost
-    # the auth token file named by the route is not needed to render prompts; the per-row
-    # tools_kwargs are reported as not passed on
-    assert [e["rows"] for e in logs if e["event"] == "data.tools_kwargs_ignored"] == [1, 1]
+        assert ex.extra_info["tools_kwargs"] == KWARGS  # verl's per-row kwargs stay with the row, for its calls
+    # the auth token file named by the route is not needed to render prompts
+    assert not [e for e in logs if e["log_level"] == "warning"], logs
 
 
 def test_without_tool_services_the_prompts_are_unchanged(files, tokenizer_dir):

@@ -33,7 +33,7 @@ class ToolFailed(ValueError):
     """The tool ran on valid arguments and failed; the message is the observation."""
 
 
-def _function(name: str, description: str, properties: dict) -> dict:
+def function_schema(name: str, description: str, properties: dict) -> dict:
     return {"type": "function", "function": {
         "name": name, "description": description,
         "parameters": {"type": "object", "properties": properties, "required": sorted(properties),
@@ -42,25 +42,33 @@ def _function(name: str, description: str, properties: dict) -> dict:
 
 _NUMBER = {"type": "string", "pattern": _INTEGER, "description": "an integer in decimal digits, e.g. \"-123\""}
 TOOLS = [
-    _function("calculator", "Evaluate integers joined by + - * exactly (e.g. \"12+34*5\"); returns the integer.",
-              {"expression": {"type": "string", "description": "decimal integers joined by +, - and *"}}),
-    _function("add", "Add two integers exactly.", {"a": _NUMBER, "b": _NUMBER}),
-    _function("multiply", "Multiply two integers exactly.", {"a": _NUMBER, "b": _NUMBER}),
+    function_schema("calculator", "Evaluate integers joined by + - * exactly (e.g. \"12+34*5\"); returns the integer.",
+                    {"expression": {"type": "string", "description": "decimal integers joined by +, - and *"}}),
+    function_schema("add", "Add two integers exactly.", {"a": _NUMBER, "b": _NUMBER}),
+    function_schema("multiply", "Multiply two integers exactly.", {"a": _NUMBER, "b": _NUMBER}),
 ]
 _BY_NAME = {t["function"]["name"]: t["function"] for t in TOOLS}
 
 
-def check_arguments(name: str, arguments_json: str) -> dict:
-    """The arguments of tool `name` as a dict; UnknownTool or BadArguments naming what is wrong."""
-    if name not in _BY_NAME:
-        raise UnknownTool(f"no tool named {name!r} (tools: {', '.join(_BY_NAME)})")
+def json_object(text: str, what: str) -> dict:
+    """`text` as a JSON object; BadArguments naming `what` otherwise."""
     try:
-        args = json.loads(arguments_json)
+        value = json.loads(text)
     except ValueError as e:
-        raise BadArguments(f"{name}: arguments are not valid JSON: {e}") from None
-    if not isinstance(args, dict):
-        raise BadArguments(f"{name}: arguments must be a JSON object, got {type(args).__name__}")
-    params = _BY_NAME[name]["parameters"]
+        raise BadArguments(f"{what}: not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise BadArguments(f"{what}: must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def check_arguments(name: str, arguments_json: str, tools: dict | None = None) -> dict:
+    """The arguments of tool `name` (of `tools`, name -> function object: these tools by default) as a
+    dict; UnknownTool or BadArguments naming what is wrong. Properties are strings, as here."""
+    tools = _BY_NAME if tools is None else tools
+    if name not in tools:
+        raise UnknownTool(f"no tool named {name!r} (tools: {', '.join(tools)})")
+    args = json_object(arguments_json, f"{name}: arguments")
+    params = tools[name]["parameters"]
     for key in args:
         if key not in params["properties"]:
             raise BadArguments(f"{name}: unknown property '{key}' (properties: {', '.join(params['properties'])})")

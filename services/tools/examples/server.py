@@ -1,5 +1,7 @@
-"""The example tool server: the calculator tools (calculator.py) as a ToolService and the
-guess-the-number environment (guess_number.py) as an EnvironmentService, on one port.
+"""The example tool server: the calculator tools (calculator.py) and verl's gsm8k answer checker
+(gsm8k.py, which reads the row's kwargs: CallToolRequest.instance_kwargs_json) as a ToolService, and
+the guess-the-number environment (guess_number.py) as an EnvironmentService, on one port. Kwargs that
+are not a JSON object are INVALID_ARGUMENT naming the field, whichever tool is called.
 
     python -m tandem.services.tools.examples.server --port 0 --port-file F
     tandem conformance --contract tools 127.0.0.1:PORT
@@ -23,23 +25,38 @@ from tandem.rpc.exposure import exposure_problem
 from tandem.rpc.security import EndpointSecurity
 from tandem.rpc.server import run_server, serve
 from tandem.rpc.tls import TLSFiles
-from tandem.services.tools.examples import calculator
+from tandem.services.tools.examples import calculator, gsm8k
 from tandem.services.tools.examples.guess_number import GuessNumber
 from tandem.v1 import tools_pb2
 
 TOOL_SERVICE, ENV_SERVICE = "tandem.v1.ToolService", "tandem.v1.EnvironmentService"
 
 
-class CalculatorServicer:
+def _calculator(name: str, arguments_json: str, kwargs: dict) -> str:
+    return calculator.call_tool(name, arguments_json)  # exact arithmetic needs nothing of the row
+
+
+HANDLERS = {**{t["function"]["name"]: _calculator for t in calculator.TOOLS},
+            **{t["function"]["name"]: gsm8k.call_tool for t in gsm8k.TOOLS}}
+
+
+def instance_kwargs(text: str) -> dict:
+    """The row's kwargs for the tool ({} when the caller sent none); BadArguments naming the field."""
+    return calculator.json_object(text, "instance_kwargs_json") if text else {}
+
+
+class ToolsServicer:
     async def ListTools(self, request, context):
         return tools_pb2.ListToolsResponse(tools=[tools_pb2.ToolSchema(json=json.dumps(t))
-                                                  for t in calculator.TOOLS])
+                                                  for t in calculator.TOOLS + gsm8k.TOOLS])
 
     async def CallTool(self, request, context):
+        handler = HANDLERS.get(request.name)
+        if handler is None:
+            raise NotFound(f"no tool named {request.name!r} (tools: {', '.join(HANDLERS)})")
         try:
-            return tools_pb2.CallToolResponse(text=calculator.call_tool(request.name, request.arguments_json))
-        except calculator.UnknownTool as e:
-            raise NotFound(e.args[0]) from None
+            kwargs = instance_kwargs(request.instance_kwargs_json)
+            return tools_pb2.CallToolResponse(text=handler(request.name, request.arguments_json, kwargs))
         except calculator.BadArguments as e:
             raise InvalidArgument(str(e)) from None
         except calculator.ToolFailed as e:
@@ -73,7 +90,8 @@ def security_from_args(a: argparse.Namespace) -> EndpointSecurity:
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(prog="python -m tandem.services.tools.examples.server",
-                                description="example tool server: calculator tools and a guess-the-number environment")
+                                description="example tool server: calculator tools, a gsm8k answer checker and a "
+                                            "guess-the-number environment")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 = any free port (see --port-file)")
     p.add_argument("--port-file", help="write the bound port here once serving")
@@ -95,7 +113,7 @@ def main(argv=None) -> None:
     problem = exposure_problem(a.host, security.token is not None, a.insecure)
     if problem:
         p.error(f"--host {a.host}: {problem}; set --token-file, or --insecure")
-    servicers = [(TOOL_SERVICE, CalculatorServicer()), (ENV_SERVICE, GuessNumberServicer())]
+    servicers = [(TOOL_SERVICE, ToolsServicer()), (ENV_SERVICE, GuessNumberServicer())]
     configure_logging(role="tools")
     run_server(serve(servicers, role="tools", host=a.host, port=a.port, port_file=a.port_file, security=security))
 

@@ -106,6 +106,7 @@ function runTool(name, args) {
 }
 
 function callTool(call, callback) {
+  // instance_kwargs_json (a row's kwargs) is left unread: exact arithmetic needs nothing of the row
   const { name, arguments_json: argumentsJson } = call.request;
   try {
     const args = checkArguments(name, argumentsJson);
