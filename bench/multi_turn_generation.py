@@ -39,6 +39,7 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from typing import Sequence
@@ -53,7 +54,7 @@ from generation_bench import SHAPES, build, timed  # noqa: E402
 from tandem.parallel import device  # noqa: E402
 from tandem.tools.calls import ToolCall, ToolResult  # noqa: E402
 
-OUT = os.environ.get("OUT", ".")
+OUT = os.environ.get("OUT") or tempfile.gettempdir()  # the device tool brings back $OUT
 
 
 def emit(record: dict) -> None:
