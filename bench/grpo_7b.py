@@ -3,6 +3,7 @@ peak GPU and host memory and the step time, from checkpoint to the last step in 
 
     python bench/grpo_7b.py [--steps 3] [--prompts 32] [--n 8] [--new-tokens 512] [--fraction 0.4]
     python bench/grpo_7b.py --shape tiny --prompts 4 --n 2 --new-tokens 8 --steps 2    # CPU smoke
+    python bench/grpo_7b.py --out DIR KEY=VALUE ...    # any config key on top (a variant to compare)
 
 1. bench/make_checkpoint.py writes the random-init bf16 checkpoint (15 GB at 7B; kept if present).
 2. The actor (colocated: it serves RolloutService on the policy's own weights) and the reward
@@ -228,6 +229,8 @@ def main() -> int:
     p.add_argument("--no-preflight", action="store_true", help="skip the tiny CPU-optimizer-offload check")
     p.add_argument("--no-offload", action="store_true", help="no offload settings (a baseline; does not fit at 7B)")
     p.add_argument("--out", required=True, help="directory for grpo_7b.json (after every step) and grpo_7b.md")
+    p.add_argument("keys", nargs="*", metavar="KEY=VALUE", help="config keys on top of the bench's (e.g. a "
+                   "reference token budget to compare, actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192)")
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     a.mini = a.mini or max(1, a.prompts // 2)
@@ -236,6 +239,7 @@ def main() -> int:
     configure_logging(role="controller", level="WARNING")
     t0 = time.perf_counter()
     config, keys = overrides(a, cuda)
+    keys += a.keys
     if cuda and cpu_adam_fraction(config, keys) > 0 and not a.no_preflight and not preflight(a):
         return 2
     info = make_checkpoint(a.checkpoint, a.shape)
