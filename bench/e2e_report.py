@@ -76,10 +76,15 @@ def step_lines(done: dict) -> list[str]:
 
 def _wall(x: dict) -> str:
     """What else the run's wall time held: what a user waits for besides the steps."""
-    save = x["final_save_s"]
-    save = "not finished" if save != save else f"{save:.1f} s"  # NaN: the run was stopped before it ended
-    return (f"; run wall {x['wall_s']:.0f} s: services answering after {x['startup_s']:.1f} s, "
-            f"the final checkpoint {save}")
+    save, left = x["final_save_s"], x.get("checkpoints_left", [])
+    if save == save:
+        save = f"the final checkpoint {save:.1f} s"
+    elif left:  # NaN with a checkpoint left: the run was stopped while saving
+        save = "the final checkpoint not finished"
+    else:
+        save = "no checkpoint written"
+    return (f"; run wall {x['wall_s']:.0f} s: services answering after {x['startup_s']:.1f} s, {save}; "
+            f"checkpoints left: {', '.join(left) or 'none'}")
 
 
 def _split(x: dict) -> str:

@@ -4,6 +4,8 @@
     python bench/e2e_step.py --shape 0.5b --steps 5 --out /tmp/e2e \
         --compare actor_rollout_ref.actor.use_torch_compile=false      # before / after in one call
     python bench/e2e_step.py --tiny --out /tmp/e2e-tiny                        # CPU smoke (fp32)
+    python bench/e2e_step.py --shape 7b --config deploy/configs/one_gpu_7b.yaml --prompts 32 --steps 4 \
+        --out /tmp/e2e-7b                     # a user's config file, as `tandem run FILE` runs it
     python bench/e2e_step.py --shape 0.5b --steps 4 --out /tmp/e2e-prof \
         actor_rollout_ref.actor.profile.use_profile=true actor_rollout_ref.actor.profile.step_start=3 \
         actor_rollout_ref.actor.profile.step_end=4     # trace of step 3: runs/baseline-r0-*/profile/
@@ -128,7 +130,8 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
     t0 = time.time()
     log = os.path.join(out, f"{name}.log")
     with open(log, "w") as f:  # its own session: a run past --run-timeout is stopped with its services
-        proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *base, *extra], cwd=ROOT,
+        config = [a.config] if a.config else []  # a user's config file: `tandem run FILE key=value ...`
+        proc = subprocess.Popen([sys.executable, "-m", "tandem.controller", "run", *config, *base, *extra], cwd=ROOT,
                                 env=_env(), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         timed_out = _wait_or_stop(proc, a.run_timeout)
     wall = time.time() - t0
@@ -166,14 +169,16 @@ def run_one(a, base: list[str], extra: list[str], name: str, out: str) -> dict:
                         split[k] = split.get(k, 0.0) + e.get(k, 0.0)
                     split["calls"] = split.get("calls", 0) + 1  # and in how many inductor's worker pool was up
                     split["pool_up"] = split.get("pool_up", 0) + int(bool(e.get("compile_pool_up")))
-    shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)  # GBs each; metrics and logs stay
+    kept = os.path.join(run_dir, "checkpoints")
+    left = sorted(os.listdir(kept)) if os.path.isdir(kept) else []  # what the run left on disk (none at save_freq <= 0)
+    shutil.rmtree(kept, ignore_errors=True)  # GBs each; metrics and logs stay
     saves = [r for r in sorted(rpcs) if r[1].endswith("SaveCheckpoint")]
     return {"name": name, "extra": extra, "steps": steps, "compile": spent, "compile_phases": phases, "gc": paused,
             "wall_s": wall,
             "run_dir": run_dir, "timed_out": timed_out,
             # launch to the services' first answered call: process start, imports, model build and load
             "startup_s": min(r[0] for r in rpcs) - t0 if rpcs else float("nan"),
-            "final_save_s": saves[-1][2] if saves else float("nan")}
+            "final_save_s": saves[-1][2] if saves else float("nan"), "checkpoints_left": left}
 
 
 def _epoch(stamp: str) -> float:
@@ -256,6 +261,7 @@ def summarise(res: dict, a, s: dict, r: dict) -> dict:
             "first_compile_phases": res["compile_phases"].get(1, {}),
             "before_compile_s": c0[0], "before_capture_s": c0[1], "wall_s": res["wall_s"], "steps": len(steps),
             "startup_s": res["startup_s"], "final_save_s": res["final_save_s"],
+            "checkpoints_left": res["checkpoints_left"],
             "response_mean": med("response_length/mean"), "prompt_mean": med("prompt_length/mean"),
             "probs_diff_max": max((m.get("training/rollout_probs_diff_max", 0.0) for m in steps), default=0.0),
             "ppo_kl_first": steps[0].get("actor/ppo_kl") if steps else None}
@@ -276,6 +282,8 @@ def main(argv=None) -> int:
                    help="rows per micro-batch (update and log-probs); 0: Tandem's default micro-batching")
     p.add_argument("--max-tokens", type=int, default=0,
                    help="micro-batches by a token budget instead (actor.use_dynamic_bsz, ppo_max_token_len_per_gpu)")
+    p.add_argument("--config", help="a config file every run starts from, as `tandem run FILE` (e.g. "
+                   "deploy/configs/one_gpu_7b.yaml); the bench's keys and the overrides go on top")
     p.add_argument("--compare", action="append", default=[], metavar="KEY=VALUE[,KEY=VALUE]",
                    help="a variant (repeatable); several keys in one variant separated by commas")
     p.add_argument("--repeats", type=int, default=1, help="runs of each configuration, alternating")
@@ -306,7 +314,7 @@ def main(argv=None) -> int:
               f"copy {r['copy_bytes'] / 1e9:.0f} GB/s",
               f"- config: {a.prompts} prompts x {a.n}, prompts {a.prompt_min}-{a.prompt_max} chars, {a.new_tokens} new "
               f"tokens, mini-batch {a.mini_batch or a.prompts} prompts, "
-              f"{micro_text}, "
+              f"{micro_text}, " + (f"config file {a.config}, " if a.config else "") +
               f"KL loss, {'fp32 CPU' if a.tiny else 'bf16'}, colocated; "
               f"{a.steps} steps per run, medians of steps 2..N; "
               "MFU = the phase's model FLOPs / its time / the matmul rate above",
