@@ -2,7 +2,7 @@
 both ranks produce the same rows, and the rows equal the TP=1 engine's on the same weights; also
 multi-turn rows whose tool answers each rank at its own pace and in its own words: only the first rank
 calls it and the others take its answers, so the ranks plan alike and keep the same rows; a slow call
-holds only its own row.
+holds only its own row; environment episodes likewise (only the first rank plays, every rank records).
 
 This file is also the rank script: `python tests/multirank/test_generation_tp2.py RANK tcp://HOST:PORT OUT_DIR`.
 """
@@ -78,6 +78,44 @@ class OneTokenAnswers:
         return [20, 21] if results[0].text == "rank0" else [22]
 
 
+class RankEnv:
+    """An environment (EnvironmentCaller) that answers each rank in its own words at its own pace: only the
+    group's first rank may play it. A Step's reward and end follow from the turn, so runs compare."""
+
+    def __init__(self, rank):
+        self.rank, self.calls = rank, 0
+
+    async def start(self, name, instance_id, task):
+        from tandem.tools.calls import Outcome
+
+        self.calls += 1
+        return Outcome("")
+
+    async def step(self, name, instance_id, action):
+        import asyncio
+
+        from tandem.tools.calls import Outcome
+
+        self.calls += 1
+        await asyncio.sleep(0.02 * ((self.calls + self.rank) % 3))
+        words = action.split()
+        return Outcome(f"rank{self.rank}", reward=float(len(words)), done=len(words) >= 4)
+
+    async def close(self, name, instance_id):
+        return None
+
+
+class EnvTurns:
+    """The turns' text and the environment's answers in token ids (no tool calls)."""
+    end_id = -1
+
+    def turn_text(self, turn):
+        return " ".join(map(str, turn))
+
+    def user_turn(self, text):
+        return [20, 21] if text == "rank0" else [22]
+
+
 def generate(model, rank=0):
     from tandem.generation.engine import GenerationEngine
     from tandem.generation.multi_turn import MultiTurn
@@ -96,7 +134,18 @@ def generate(model, rank=0):
                       tools=MultiTurn(slow_tool, OneTokenAnswers(), max_assistant_turns=3))
     assert not slow_tool.stalled, "a slow tool held the other rows at TP > 1"
     assert torch.equal(slow.responses, multi.responses) and torch.equal(slow.observation_mask, multi.observation_mask)
-    return {"greedy": greedy.responses, "greedy_mask": greedy.response_mask,
+    from tandem.generation.episodes import Interactions
+
+    env = RankEnv(rank)
+    played = e.generate(PROMPTS, SamplingParams(max_new_tokens=12, greedy=True, stop_token_ids=[3]),
+                        tools=MultiTurn(tool, EnvTurns(), max_assistant_turns=3, interactions=Interactions(env)),
+                        tasks=[{"name": "e"}] * len(PROMPTS))
+    scores = [sum(ep["turn_scores"]) for ep in played.episodes]
+    assert sum(len(ep["turn_scores"]) for ep in played.episodes) >= 2 and played.observation_mask.any(), \
+        "the test needs rows that step"
+    assert (env.calls > 0) == (rank == 0), f"rank {rank} made {env.calls} environment calls"
+    return {"played": played.responses, "played_observed": played.observation_mask,
+            "turn_scores": torch.tensor(scores), "greedy": greedy.responses, "greedy_mask": greedy.response_mask,
             "greedy_lp": greedy.rollout_log_probs, "sampled": sampled.responses,
             "sampled_lp": sampled.rollout_log_probs, "multi": multi.responses,
             "multi_observed": multi.observation_mask}
@@ -136,6 +185,8 @@ def test_generation_tp2_matches_recompute_and_tp1(megatron_dist, tmp_path, run_r
     tp1 = generate(build(tp=1))
     assert torch.equal(tp1["greedy"], r0["greedy"]) and torch.equal(tp1["sampled"], r0["sampled"])
     assert torch.equal(tp1["multi"], r0["multi"]) and torch.equal(tp1["multi_observed"], r0["multi_observed"])
+    for key in ("played", "played_observed", "turn_scores"):  # environment episodes at TP=2 as at TP=1
+        assert torch.equal(tp1[key], r0[key]), key
     torch.testing.assert_close(tp1["sampled_lp"], r0["sampled_lp"], atol=1e-5, rtol=0)
 
 
