@@ -29,7 +29,8 @@ class CriticRole(Role):
         return cfg.critic.megatron.seed
 
     def build(self, cfg) -> Built:
-        worker = CriticWorker(cfg, len(load_tokenizer(cfg)))
+        # starting from the policy, every trunk weight is loaded before use: none is drawn at random
+        worker = CriticWorker(cfg, len(load_tokenizer(cfg)), weights_follow=cfg.critic.init_from_policy)
         return Built({"critic": worker}, closers=[worker.memory.drop])  # Release drops its offload state
 
     def servicers(self, cfg, built, group, thread):

@@ -16,10 +16,18 @@ class CriticServicer:
         self.worker = worker
         self.thread = thread
 
+    def _require_weights(self) -> None:
+        if not self.worker.local.weights_loaded:
+            raise FailedPrecondition(
+                "the critic's weights are not loaded yet: it starts from the policy (critic.init_from_policy), "
+                "so LoadCheckpoint comes first (trunk_only from an actor checkpoint, or a critic checkpoint); "
+                "nothing was computed or written")
+
     async def ComputeValues(self, request, context):
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size)
         schemas.check_meta(batch)
+        self._require_weights()
         out = await self.thread.run(self.worker.compute_values, batch)
         return critic_pb2.ComputeValuesResponse(batch=codec.encode_batch(out))
 
@@ -27,11 +35,14 @@ class CriticServicer:
         batch = codec.decode_batch(request.batch)
         schemas.check_sequences(batch, self.worker.vocab_size, ("values", "returns"))
         schemas.check_meta(batch)
+        self._require_weights()
         metrics = await self.thread.run(self.worker.update_critic, batch)
         return critic_pb2.UpdateCriticResponse(metrics=metrics)
 
     async def SaveCheckpoint(self, request, context):
-        path = await self.thread.run(self.worker.save, checkpoint_requests.save_path(request.path))
+        path = checkpoint_requests.save_path(request.path)
+        self._require_weights()
+        path = await self.thread.run(self.worker.save, path)
         return common_pb2.SaveCheckpointResponse(path=path)
 
     async def LoadCheckpoint(self, request, context):

@@ -30,13 +30,19 @@ CRITIC_PHASES = {"values": {"params"}, "train": {"params", "grads", "optimizer"}
 
 
 class CriticWorker:
-    def __init__(self, cfg: TandemConfig, tokenizer_len: int):
+    """weights_follow: the trunk is built without drawing weights, because a load comes before any use
+    (critic.init_from_policy: the run loads the policy's trunk; a resume loads a critic checkpoint);
+    until then `weights_loaded` is False and the service refuses values, updates and saves."""
+
+    def __init__(self, cfg: TandemConfig, tokenizer_len: int, weights_follow: bool = False):
         self.cfg = cfg
         self.critic_cfg = cfg.critic
         m = cfg.critic.megatron
         self.shape = model_shape(cfg.actor_rollout_ref.model, tokenizer_len)
         self.vocab_size = self.shape.vocab_size
-        self.model = build_scalar_model(self.shape, m, self.critic_cfg.use_torch_compile, passed_overrides(m))
+        self.model = build_scalar_model(self.shape, m, self.critic_cfg.use_torch_compile, passed_overrides(m),
+                                        weights_follow=weights_follow)
+        self.weights_loaded = not weights_follow
         self.ddp = wrap_ddp(self.model, m.use_distributed_optimizer)
         per_step = max(1, cfg.data.train_batch_size // self.critic_cfg.ppo_mini_batch_size) * self.critic_cfg.ppo_epochs
         self.optimizer = Optimizer(self.ddp, self.critic_cfg.optim, cfg.trainer.total_training_steps, per_step)
@@ -75,12 +81,15 @@ class CriticWorker:
 
     def load(self, path: str) -> dict:
         with self.memory.phase("checkpoint"):
-            return checkpoint.load_models(path, {"critic": self.model}, self.optimizer)
+            meta = checkpoint.load_models(path, {"critic": self.model}, self.optimizer)
+        self.weights_loaded = True
+        return meta
 
     def load_trunk(self, actor_path: str) -> None:
         """The trunk from an actor checkpoint's policy (any TP layout); this value head stays."""
         with self.memory.phase("checkpoint"):
             self._load_trunk(actor_path)
+        self.weights_loaded = True
 
     def _load_trunk(self, actor_path: str) -> None:
         trunk = {k: v for k, v in self.model.sharded_state_dict(prefix="policy.").items()

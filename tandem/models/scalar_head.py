@@ -38,10 +38,12 @@ class ScalarHead(torch.nn.Linear):
         return super().forward(hidden), None
 
 
-def build_scalar_model(shape, megatron, use_torch_compile: bool = False, overrides: dict | None = None):
+def build_scalar_model(shape, megatron, use_torch_compile: bool = False, overrides: dict | None = None,
+                       weights_follow: bool = False):
     """A GPTModel with a ScalarHead in the layout `megatron` (a MegatronConfig: TP, PP, EP, dtype,
     sequence parallelism); its layers torch.compile'd on GPUs when `use_torch_compile`. overrides:
-    TransformerConfig fields from the role's override_transformer_config."""
+    TransformerConfig fields from the role's override_transformer_config. weights_follow: the trunk
+    is loaded before use (build_gpt_model's); the value head still starts at zero."""
     from tandem.models.build import build_gpt_model
     from tandem.models.compile import compile_layers
     from tandem.parallel import device
@@ -50,7 +52,7 @@ def build_scalar_model(shape, megatron, use_torch_compile: bool = False, overrid
     model = build_gpt_model(shape, head="scalar", tp=m.tensor_model_parallel_size,
                             pp=m.pipeline_model_parallel_size, ep=m.expert_model_parallel_size,
                             params_dtype=device.parse_dtype(m.dtype), sequence_parallel=m.sequence_parallel,
-                            overrides=overrides)
+                            overrides=overrides, weights_follow=weights_follow)
     if use_torch_compile and device.has_cuda():
         compile_layers(model)
     return model

@@ -29,6 +29,7 @@ class Started:
     endpoints: dict  # role -> host:port
     pids: dict  # role -> pid of its rank 0
     launchers: list
+    critic_before_load: object = None  # the critic's answer to a save before its trunk was loaded
 
 
 def start_services(base_dir: str, experiment: str, overrides=(),
@@ -65,7 +66,38 @@ def start_services(base_dir: str, experiment: str, overrides=(),
         stop_services(launchers)
         raise
     pids = {role: proc.pid for launcher in launchers for role, proc in launcher.processes.items()}
-    return Started(cfg, run_dir, run_id, endpoints, pids, launchers)
+    started = Started(cfg, run_dir, run_id, endpoints, pids, launchers)
+    if "critic" in endpoints and "actor" in endpoints and cfg.critic.init_from_policy:
+        try:
+            started.critic_before_load = asyncio.run(critic_from_policy(started))
+        except BaseException:
+            stop_services(launchers)
+            raise
+    return started
+
+
+async def critic_from_policy(started: Started):
+    """What a run's warm start does (controller/run.py): the critic's trunk from the actor's policy.
+    Returns the error the critic answered a SaveCheckpoint with before that load."""
+    from tandem.controller.clients import ActorClient, CriticClient
+    from tandem.controller.roles import security
+    from tandem.rpc.errors import TandemError
+
+    kw = dict(timeout_s=120, metadata={"x-run-id": started.run_id})
+    actor = ActorClient(started.endpoints["actor"], security=security(started.cfg, "actor"), **kw)
+    critic = CriticClient(started.endpoints["critic"], security=security(started.cfg, "critic"), **kw)
+    init = os.path.join(started.run_dir, "checkpoints", "init")
+    try:
+        try:
+            await critic.save_checkpoint(os.path.join(init, "critic"))
+            refused = None
+        except TandemError as e:
+            refused = e
+        await critic.load_checkpoint(await actor.save_checkpoint(os.path.join(init, "actor")), trunk_only=True)
+    finally:
+        await actor.close()
+        await critic.close()
+    return refused
 
 
 def stop_services(launchers) -> None:

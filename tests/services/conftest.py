@@ -1,8 +1,9 @@
 """Real service processes for the service tests, started once per session
 (tests/helpers/service_procs.py): actor (colocated: it also serves RolloutService; two DP
 ranks), reward, critic and two standalone rollouts (`rollout`, `rollout-1`: replicas), by the
-controller's local launcher, as `tandem run` starts them. The standalone rollouts pull their
-weights from the actor (tandem/weights/)."""
+controller's local launcher, as `tandem run` starts them; the critic's trunk is loaded from the actor's
+policy, as a run's warm start does. The standalone rollouts pull their weights from the actor
+(tandem/weights/)."""
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ class Services:
     tokenizer: object
     vocab_size: int
     pids: dict  # role -> pid of the service's rank 0
+    critic_before_load: object = None  # the critic's answer to a save before the policy's trunk was loaded
 
     def client(self, kind: str, role: str | None = None):
         """A controller client for `kind` at `role`'s endpoint (create inside the event loop)."""
@@ -69,7 +71,7 @@ def launched(base, overrides: list[str]):
         cfg = started.cfg
         tok = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path)
         yield Services(cfg, started.run_dir, started.run_id, started.endpoints, tok, padded_vocab_size(len(tok)),
-                       started.pids)
+                       started.pids, started.critic_before_load)
     finally:
         stop_services(started.launchers)
     for launcher in started.launchers:

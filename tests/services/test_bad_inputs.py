@@ -2,6 +2,7 @@
 a missing checkpoint), and the next good request on the same service gives the right answer
 from unchanged state."""
 import asyncio
+import os
 
 import grpc
 import torch
@@ -212,6 +213,15 @@ def test_rollout_generate_bad_inputs(services):
 
 
 def test_critic_bad_inputs(services):
+    # started from the policy, the critic drew no weights: before the warm start's trunk load it refused
+    # to save (and to compute), writing nothing (tests/helpers/service_procs.critic_from_policy)
+    from tandem.rpc.errors import FailedPrecondition
+
+    refused = services.critic_before_load
+    assert isinstance(refused, FailedPrecondition), refused
+    assert "not loaded yet" in str(refused) and "LoadCheckpoint comes first" in str(refused)
+    assert not os.path.exists(os.path.join(services.run_dir, "checkpoints", "init", "critic"))
+
     async def main():
         critic = services.client("critic")
         rollout = services.client("rollout", "actor")
