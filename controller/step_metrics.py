@@ -20,6 +20,8 @@ def data_metrics(ctx: StepContext, gen: DataProto, lp: LogProbs, adv: Advantages
     """verl's critic/, response_length/ and prompt_length/ statistics of the step's batch."""
     tensors = {"token_level_scores": adv.token_scores, "token_level_rewards": adv.rewards,
                "advantages": adv.advantages, "returns": adv.returns, "response_mask": adv.mask,
+               # lengths as verl counts them: a multi-turn row's observations too (its attention mask)
+               "response_length": scoring.response_tokens(gen).sum(-1),
                "prompt_mask": gen["attention_mask"][:, : gen["prompts"].shape[1]].float()}
     if ctx.use_critic:
         tensors["values"] = lp.values["values"]

@@ -236,7 +236,10 @@ def compute_data_metrics(
             ``returns``: float ``[B, R]``; ``response_mask``: bool/float ``[B, R]``;
             ``values``: float ``[B, R]`` (required when ``use_critic``);
             optionally ``prompt_mask`` (bool/float ``[B, P]``, 1 on real prompt
-            tokens) or ``prompt_length`` (int/float ``[B]``).
+            tokens) or ``prompt_length`` (int/float ``[B]``), and ``response_length``
+            (int/float ``[B]``: each row's real response tokens, a multi-turn row's
+            observations included, as verl counts them from the attention mask;
+            default: the ``response_mask``'s).
         use_critic: also report ``critic/values/*`` and ``critic/vf_explained_var``.
         max_response_length: length that counts as truncated for
             ``response_length/clip_ratio``; default R.
@@ -254,7 +257,7 @@ def compute_data_metrics(
     keep = response_mask.bool()
     scores = masked_sum(batch_tensors["token_level_scores"], keep, dim=-1)  # [B]
     rewards = masked_sum(batch_tensors["token_level_rewards"], keep, dim=-1)  # [B]
-    response_length = keep.sum(dim=-1).to(torch.float64)  # [B]
+    response_length = batch_tensors.get("response_length", keep.sum(dim=-1)).to(torch.float64)  # [B]
     if max_response_length is None:
         max_response_length = response_mask.shape[-1]
 

@@ -207,3 +207,8 @@ def test_compute_data_metrics_without_critic_and_with_prompt_lengths():
     assert out["response_length/clip_ratio"] == 0.0  # neither row reached 4
     assert out["prompt_length/mean"] == 5.0
     assert "prompt_length/clip_ratio" not in out  # no max_prompt_length known
+    # a multi-turn row's length counts its observations (verl's attention mask), not only its loss tokens
+    batch["response_length"] = torch.tensor([4, 2])
+    longer = metrics.compute_data_metrics(batch, use_critic=False, max_response_length=4)
+    assert longer["response_length/max"] == 4.0 and longer["response_length/clip_ratio"] == 0.5
+    assert longer["critic/score/mean"] == out["critic/score/mean"]  # the masks of the rest are unchanged
