@@ -40,6 +40,7 @@ import asyncio
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -261,6 +262,10 @@ def main() -> int:
     wall = time.perf_counter() - t0
     print(f"wall {wall:.0f} s: {wall - sum(m['timing_s/step'] for m in steps):.0f} s outside the steps (checkpoint, "
           f"services up in {setup['services_start_s']:.0f} s: the actor's start-up below), then the steps")
+    if len(steps) > 1:  # the bound: the first step within 2x a steady one (median of steps 2..N)
+        steady = statistics.median(m["timing_s/step"] for m in steps[1:])
+        print(f"first step {steps[0]['timing_s/step']:.1f} s = {steps[0]['timing_s/step'] / steady:.2f}x the steady "
+              f"step ({steady:.1f} s)")
     startup_rows = startup_table(setup["actor_startup"], setup["services_start_s"])
     print("\n".join(startup_rows), flush=True)
     lines = ["| step | s | " + " | ".join(f"{p} s" for p in PHASES) + " | GPU peak alloc GiB | GPU peak reserved GiB "

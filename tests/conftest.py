@@ -70,6 +70,15 @@ def megatron_dist():
 
 
 @pytest.fixture(scope="session")
+def example_server(tmp_path_factory):
+    """The example tool server (tools and the guess_number environment) in its own process -> its endpoint."""
+    from tool_server import example_tool_server
+
+    with example_tool_server(tmp_path_factory.mktemp("tools")) as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
 def arithmetic_tokenizer(tmp_path_factory):
     """The built-in character tokenizer, written once to a temp dir and loaded back."""
     from transformers import AutoTokenizer

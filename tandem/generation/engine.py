@@ -151,7 +151,7 @@ class GenerationEngine:
         try:
             while True:
                 if turns is not None:  # answered rows continue; wait only when nothing can decode
-                    turns.resume(runner, sched, block=sched.stalled, lockstep=lockstep)
+                    turns.resume(runner, sched, block=sched.stalled)
                     if sched.stalled:
                         if interruptible:
                             interrupt.check()

@@ -139,8 +139,8 @@ class ToolTurns:
         self.errors = [0] * rows  # error observations: failed calls, turns whose call did not parse
         self.user_turns = [0] * rows  # observations appended (tool answers and environment turns)
         self.turn_start = [0] * rows  # response index where the row's current turn began
-        # slot -> row, index, answer, whether it is an environment's
-        self.pending: dict[int, tuple[int, int, concurrent.futures.Future, bool]] = {}
+        # slot -> row, index, answer (None on a rank that does not call), whether it is an environment's
+        self.pending: dict[int, tuple[int, int, concurrent.futures.Future | None, bool]] = {}
         self.episodes = None  # the rows' environment episodes (episodes.py), when any row names one
         if mt.interactions is not None and tasks is not None and any(t is not None for t in tasks):
             self.episodes = Episodes(mt.interactions, loop, tasks, self.calling)
@@ -162,10 +162,7 @@ class ToolTurns:
             future, env = self.episodes.step(row, self.mt.format.turn_text(turn)), True
         else:
             return False
-        if future is None:  # its answers come from the calling rank (resume)
-            future = concurrent.futures.Future()
-            future.set_result(None)
-        self.pending[slot] = (row, index, future, env)
+        self.pending[slot] = (row, index, future, env)  # future None: the calling rank's answer comes in resume
         return True
 
     def pause(self, runner, sched, alive: list[bool]) -> frozenset[int]:
@@ -174,9 +171,9 @@ class ToolTurns:
         return frozenset(s for s, (row, index, token) in zip(stopped, stopped_at(runner, stopped))
                          if self._maybe_call(s, row, index, token, runner, stopped=True))
 
-    def resume(self, runner, sched, block: bool, lockstep: bool = False, poll_s: float = 0.5) -> None:
+    def resume(self, runner, sched, block: bool, poll_s: float = 0.5) -> None:
         """Continue every row whose answer has come (with block: wait up to poll_s for one first), all
-        in one continuation prefill. lockstep (TP > 1: every rank of the group runs this loop): the
+        in one continuation prefill. In lockstep (TP > 1: every rank of the group runs this loop) the
         calling rank's answered rows, with their answers, go to every rank, so all ranks resume the same
         rows at the same step and plan the same decode shapes, while the rows still waiting wait alone."""
         if not self.pending:
@@ -185,7 +182,7 @@ class ToolTurns:
             concurrent.futures.wait([p[2] for p in self.pending.values()], timeout=poll_s,
                                     return_when=concurrent.futures.FIRST_COMPLETED)
         answered = {s: p[2].result() for s, p in self.pending.items() if self.calling and p[2].done()}
-        if lockstep:
+        if self.lockstep:
             answered = _from_first_rank(answered)
         ready = []  # (slot, row, index, observation) of the rows that go on
         for slot, result in answered.items():
@@ -210,7 +207,8 @@ class ToolTurns:
 
     def cancel(self) -> None:
         for p in self.pending.values():
-            p[2].cancel()
+            if p[2] is not None:
+                p[2].cancel()
         self.pending.clear()
 
     def close(self) -> None:

@@ -30,22 +30,24 @@ def end_row(runner: ModelRunner, slot: int, index: int, observation: list[int]) 
     """A row stopped at response index `index` whose episode is over: its last observation is written
     after the stop token (cut to the response budget) and the row ends there, with no model run (no
     token follows it). Returns the response index after the observation."""
-    _, nxt = _write_observation(runner, int(runner.row[slot]), index, observation)
+    (observation,) = _write_observations(runner, [int(runner.row[slot])], [index], [observation])
     runner.alive[slot] = False
-    return nxt
+    return index + 1 + len(observation)
 
 
-def _write_observation(runner: ModelRunner, row: int, index: int, observation: list[int]) -> tuple[list[int], int]:
-    """The observation, cut to the response budget, into the row's outputs after response index
-    `index` (flagged as observation) -> (what was written, the index after it)."""
-    observation = observation[:max(0, runner.request.params.max_new_tokens - 1 - index)]
-    nxt = index + 1 + len(observation)
-    if observation:
-        cols = torch.arange(index + 1, nxt, device=runner.device)
-        runner.out_tok[row, cols] = torch.tensor(observation, dtype=torch.long, device=runner.device)
-        runner.out_mask[row, cols] = True
-        runner.out_obs[row, cols] = True
-    return observation, nxt
+def _write_observations(runner: ModelRunner, rows: list[int], indices: list[int],
+                        observations: list[list[int]]) -> list[list[int]]:
+    """Each observation, cut to the response budget, into its row's outputs after its response index
+    (flagged as observation), in one copy to the device -> what was written of each."""
+    r = runner.request.params.max_new_tokens
+    cut = [obs[:max(0, r - 1 - index)] for obs, index in zip(observations, indices)]
+    at = [(row, index + 1 + j) for row, index, obs in zip(rows, indices, cut) for j in range(len(obs))]
+    if at:
+        where = torch.tensor(at, dtype=torch.long).t().to(runner.device)
+        runner.out_tok[where[0], where[1]] = torch.tensor([t for obs in cut for t in obs]).to(runner.device)
+        runner.out_mask[where[0], where[1]] = True
+        runner.out_obs[where[0], where[1]] = True
+    return cut
 
 
 @torch.no_grad()
@@ -55,37 +57,44 @@ def continue_rows(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) 
     top of its KV cache (the prefix is not recomputed), all rows in one forward, and sample each
     row's next model token. An observation is cut to the response budget. Returns, per row, (the
     next token's response index, that token (None: no room was left for it), whether it decodes on)."""
+    if not turns:
+        return []
     req, dev = runner.request, runner.device
     r = req.params.max_new_tokens
+    slot_list, indices = [t[0] for t in turns], [t[1] for t in turns]
+    rows = runner.row[torch.tensor(slot_list, device=dev)].tolist()  # the one host sync
+    written = _write_observations(runner, rows, indices, [t[2] for t in turns])
+    nexts = [index + 1 + len(obs) for index, obs in zip(indices, written)]
     out: list[tuple[int, int | None, bool] | None] = [None] * len(turns)
-    fed = []  # (position in turns, slot, row, index, tokens fed, next index)
-    for i, (slot, index, observation) in enumerate(turns):
-        row = int(runner.row[slot])
-        observation, nxt = _write_observation(runner, row, index, observation)
-        if nxt >= r:  # no room left for a model token: the row ends on its observation
-            runner.alive[slot] = False
-            out[i] = (nxt, None, False)
-        else:
-            fed.append((i, slot, row, index, [int(runner.out_tok[row, index])] + observation, nxt))
+    fed = [i for i, nxt in enumerate(nexts) if nxt < r]
+    for i in set(range(len(turns))) - set(fed):  # no room left for a model token: the row ends on its observation
+        runner.alive[slot_list[i]] = False
+        out[i] = (nexts[i], None, False)
     if not fed:
         return out
-    b, width = len(fed), max(len(f[4]) for f in fed)
-    ids = torch.zeros((b, width), dtype=torch.long)
-    for j, f in enumerate(fed):  # right padding: a row's real queries never see its pads (masked below)
-        ids[j, :len(f[4])] = torch.tensor(f[4], dtype=torch.long)
-    ids = ids.to(dev)
-    slots = torch.tensor([f[1] for f in fed], device=dev)
-    lens = torch.tensor([len(f[4]) for f in fed], device=dev)
-    starts = torch.tensor([int(runner.prompt_lens[f[2] // req.params.n]) + f[3] for f in fed],
-                          device=dev)  # cache position of each row's stop token
-    runner.fed_tokens += int(lens.sum())
+    widths = [1 + len(written[i]) for i in fed]  # fed tokens of each row: its stop token and observation
+    b, width = len(fed), max(widths)
+    slots = torch.tensor([slot_list[i] for i in fed], device=dev)
+    rows_t = torch.tensor([rows[i] for i in fed], device=dev)
+    lens = torch.tensor(widths, device=dev)
+    index_t = torch.tensor([indices[i] for i in fed], device=dev)
+    nxt_t = torch.tensor([nexts[i] for i in fed], device=dev)
+    # each row's stop token and observation, right padded (a row's real queries never see its pads)
+    ids = torch.zeros((b, width), dtype=torch.long, device=dev)
+    ids[:, 0] = runner.out_tok[rows_t, index_t]
+    cols = torch.arange(width - 1, device=dev)[None]
+    has_obs = cols < (lens - 1)[:, None]  # [B, W - 1]
+    ids[:, 1:][has_obs] = runner.out_tok[rows_t[:, None], (index_t[:, None] + 1 + cols).clamp(max=r - 1)][has_obs]
+    start_list = [runner.prompt_lens[rows[i] // req.params.n] + indices[i] for i in fed]  # of each stop token
+    runner.fed_tokens += sum(widths)
+    starts = torch.tensor(start_list, device=dev)
     positions = starts[:, None] + torch.arange(width, device=dev)[None]  # [B, W]
     rope_pos = (positions + runner.rope_off[slots][:, None]).clamp(max=runner.cache.max_len - 1)
     freqs = runner.freqs[rope_pos.t()].squeeze(2)  # [W, B, 1, rot_dim]
-    span = int((starts + lens).max())
+    span = max(st + w for st, w in zip(start_list, widths))
     allowed = (runner.key_pos[:span][None, None] <= positions[:, :, None])[:, None]  # [B, 1, W, span]
-    real = torch.arange(width, device=dev)[None] < lens[:, None]  # [B, W]: not a pad
-    b_idx, w_idx = real.nonzero(as_tuple=True)
+    # the real (not pad) queries, whose keys and values go into the cache
+    b_idx, w_idx = (torch.tensor(x, device=dev) for x in zip(*[(k, j) for k, w in enumerate(widths) for j in range(w)]))
     slot_idx, pos_idx = slots[b_idx], positions[b_idx, w_idx]
 
     def attend(layer_idx, q, k, v):  # [W, B, heads, d], [W, B, groups, d] x 2
@@ -99,8 +108,6 @@ def continue_rows(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) 
 
     h = runner._trunk(ids, freqs, attend)  # [W, B, H]
     last = h[lens - 1, torch.arange(b, device=dev)]  # [B, H]: each row's last real position
-    rows_t = torch.tensor([f[2] for f in fed], device=dev)
-    nxt_t = torch.tensor([f[5] for f in fed], device=dev)
     tok, logp = sample_rows(runner._logits(last[None]), req.params, runner.seed, rows_t + req.params.row_offset,
                             nxt_t)
     runner.out_tok[rows_t, nxt_t], runner.out_logp[rows_t, nxt_t] = tok, logp
@@ -109,6 +116,6 @@ def continue_rows(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) 
     # as after a decode step: a stopped row's step stays on its stop token
     runner.tok[slots], runner.pos[slots], runner.step[slots] = tok, starts + lens, nxt_t + going.long()
     runner.alive[slots] = going
-    for (i, *_, nxt), t, g in zip(fed, tok.tolist(), going.tolist()):
-        out[i] = (nxt, t, g)
+    for i, (t, g) in zip(fed, torch.stack([tok, going.long()], 1).tolist()):
+        out[i] = (nexts[i], t, bool(g))
     return out

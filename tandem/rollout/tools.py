@@ -26,9 +26,8 @@ def multi_turn_from_config(rollout: RolloutConfig, tokenizer) -> MultiTurn | Non
     if mt.tool_config_path is not None:
         # the gRPC caller bounds and retries each call itself, within each tool's own deadline (its
         # tool-config timeout_s): a shorter deadline here would cut a slow tool, and retries here would
-        # send again what it retried. Twice its longest deadline only guards against a caller that hangs.
-        timeout_s = 2 * max([r.timeout_s or mt.tool_timeout_s for r in caller.routes.values()] or [mt.tool_timeout_s])
-        retries = 0
+        # send again what it retried.
+        timeout_s, retries = hang_guard_s(caller.routes, mt.tool_timeout_s), 0
     fmt, interactions = tool_format(mt, tokenizer), interactions_from_config(mt)
     if interactions is not None and not hasattr(fmt, "user_turn"):
         raise ConfigError(f"{KEY}.interaction_config_path: the {type(fmt).__name__} (format={mt.format}) cannot write "
@@ -52,8 +51,13 @@ def interactions_from_config(mt: MultiTurnConfig) -> Interactions | None:
     except ToolConfigError as e:
         raise ConfigError(f"{KEY}.interaction_config_path: {e}") from None
     caller = GrpcEnvironmentCaller(config.routes, timeout_s=mt.tool_timeout_s, max_retries=mt.tool_retries)
-    # the caller bounds each call itself; twice its longest deadline only guards against one that hangs
-    return Interactions(caller, timeout_s=2 * max(r.timeout_s or mt.tool_timeout_s for r in config.routes.values()))
+    return Interactions(caller, timeout_s=hang_guard_s(config.routes, mt.tool_timeout_s))
+
+
+def hang_guard_s(routes, default_s: float) -> float:
+    """The outer bound on a gRPC caller's call, which bounds and retries each call itself within its
+    route's deadline: twice the longest of those, so it only stops a caller that hangs."""
+    return 2 * max([r.timeout_s or default_s for r in routes.values()] or [default_s])
 
 
 def tool_caller_from_config(mt: MultiTurnConfig) -> ToolCaller:

@@ -195,15 +195,6 @@ class CalculatorCalls(Format):
         return [ToolCall("calculator", {"expression": self.sent[-1]})]
 
 
-@pytest.fixture(scope="module")
-def example_server(tmp_path_factory):
-    """The example tool server in its own process -> its endpoint."""
-    from tool_server import example_tool_server
-
-    with example_tool_server(tmp_path_factory.mktemp("tools")) as endpoint:
-        yield endpoint
-
-
 def test_tool_services_named_by_a_verl_tool_config_answer(model, end_id, tmp_path, example_server):
     """multi_turn.tool_config_path: the engine's calls go over gRPC to the example calculator in its own
     process, at the endpoint verl's tool-config YAML names; its answers and its errors come back."""

@@ -3,13 +3,11 @@ against the example server in its own process; each turn the model ends is a Ste
 fed into the row's KV cache as the next user turn, the Steps' rewards are the row's turn scores and
 every episode is closed. Failures and timeouts end the episode with an error observation."""
 import asyncio
-import sys
 
 import pytest
 import test_generation_engine as base
 import test_multi_turn_engine as turns
 import torch
-from server_process import server_process
 
 from tandem.generation.engine import GenerationEngine
 from tandem.generation.episodes import Interactions
@@ -56,14 +54,6 @@ def stops(model):
     return sorted(out)
 
 
-@pytest.fixture(scope="module")
-def env_server(tmp_path_factory):
-    port = tmp_path_factory.mktemp("env") / "port"
-    with server_process([sys.executable, "-m", "tandem.services.tools.examples.server", "--port-file", str(port)],
-                        port) as endpoint:
-        yield endpoint
-
-
 def generate(model, stops, **kw):
     eng = GenerationEngine(model, pad_id=base.PAD, eos_id=stops[0], vocab_size=base.VOCAB, max_batch_size=64)
     return eng.generate(PROMPTS, SamplingParams(max_new_tokens=R, greedy=True, stop_token_ids=stops[1:]), **kw), eng
@@ -76,7 +66,7 @@ def play(model, stops, caller, tasks, timeout_s=30.0, **kw):
     return res, fmt, eng
 
 
-def test_guess_number_episodes_through_the_engine(model, stops, env_server):
+def test_guess_number_episodes_through_the_engine(model, stops, example_server):
     plain, _ = generate(model, stops)
     ended = [torch.isin(row, torch.tensor(stops)) for row in plain.responses]
     first_stop = [int(e.nonzero()[0]) if e.any() else None for e in ended]
@@ -87,7 +77,7 @@ def test_guess_number_episodes_through_the_engine(model, stops, env_server):
     tasks[right] = {**g, "secret": secret}
     bad, unknown, none = [i for i in range(len(PROMPTS)) if i != right and first_stop[i] is not None][:3]
     tasks[bad], tasks[unknown], tasks[none] = {**g, "secret": 500}, {"name": "nope"}, None
-    caller = GrpcEnvironmentCaller({"guess_number": ToolRoute(env_server)}, timeout_s=10)
+    caller = GrpcEnvironmentCaller({"guess_number": ToolRoute(example_server)}, timeout_s=10)
     res, fmt, eng = play(model, stops, caller, tasks)
 
     rec, obs = res.episodes, res.observation_mask.bool()
@@ -119,7 +109,7 @@ def test_guess_number_episodes_through_the_engine(model, stops, env_server):
     assert eng.runner.fed_tokens <= sum(map(len, PROMPTS)) + 2 * int(obs.sum())
 
     async def step_again(instance_id):  # CloseEpisode ran: the server no longer knows any episode
-        c = GrpcEnvironmentCaller({"guess_number": ToolRoute(env_server)}, timeout_s=10)
+        c = GrpcEnvironmentCaller({"guess_number": ToolRoute(example_server)}, timeout_s=10)
         try:
             return await c.step("guess_number", instance_id, "1")
         finally:
