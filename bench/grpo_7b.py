@@ -241,9 +241,9 @@ def main() -> int:
     t0 = time.perf_counter()
     config, keys = overrides(a, cuda)
     keys += a.keys
+    info = make_checkpoint(a.checkpoint, a.shape)  # first: the config checks that the model path holds one
     if cuda and cpu_adam_fraction(config, keys) > 0 and not a.no_preflight and not preflight(a):
         return 2
-    info = make_checkpoint(a.checkpoint, a.shape)
     checkpoint_s = time.perf_counter() - t0
     print(f"checkpoint {info['path']}: {info['bytes'] / 1e9:.1f} GB, "
           f"{'kept' if info['kept'] else 'written'} in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -9,7 +9,8 @@ exactly --new response tokens long in both modes. Per repeat, in one process:
                 ids) are fed into its KV cache and it goes on: model + observation tokens = --new.
 Printed: response tokens/s of each mode and the multi-turn / single-turn ratio of each repeat (median
 over repeats; warm-up runs excluded), model and observation tokens, calls per row, the time share of
-the continuation prefills (turn_prefill, timed by wrapping the engine's own function), the decode steps
+queueing the observations for the decode (turn_prefill.feed_observations, timed by wrapping the engine's own
+function; the decode then feeds them a token a step inside its graphs), the decode steps
 run, and graph capture / compile time that fell inside timed runs (should be 0).
 
 How a random model calls a tool at a known rate. Its next-token distribution is near uniform, so X (the
@@ -96,7 +97,7 @@ class Probe:
         from tandem.generation.runner import ModelRunner
 
         self.t: dict[str, float] = defaultdict(float)
-        multi_turn.continue_rows = self._timed(multi_turn.continue_rows, "continue_s")
+        multi_turn.feed_observations = self._timed(multi_turn.feed_observations, "feed_s")
         multi_turn.ToolTurns.resume = self._timed(multi_turn.ToolTurns.resume, "resume_s")
         execute = ModelRunner.execute
 
@@ -218,9 +219,9 @@ def measure(engine, probe, prompts, params, tools, x_id) -> tuple[dict, object]:
            "capture_s": CAPTURE_SECONDS[0] - capture, "compiles": compiles() - compiled}
     if res.tool_calls is not None:
         calls = res.tool_calls.float()
-        cont = probe.t["continue_s"]
+        cont = probe.t["feed_s"]
         out.update(calls_per_row=float(calls.mean()), calls_min=int(calls.min()), calls_max=int(calls.max()),
-                   continue_s=cont, continue_share=None if cont is None else cont / wall,
+                   feed_s=cont, feed_share=None if cont is None else cont / wall,
                    resume_other_s=probe.t["resume_s"] - (cont or 0.0))
     return out, res
 
@@ -321,7 +322,7 @@ def summarize(runs, latencies, args, cal) -> None:
           f"tokens a row; a turn every {args.turn_every:g} model tokens, {args.obs} observation tokens a call; "
           f"medians of {args.repeats} repeats\n")
     print("| mode | tool latency ms | tok/s | ratio to single-turn | model tok/s | model tokens | observation "
-          "tokens | calls/row (min-max) | continuation share | decode steps | capture s, compiles in timed runs |")
+          "tokens | calls/row (min-max) | observation feed share | decode steps | capture s, compiles in timed runs |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     single = runs["single"]
     print(f"| single-turn | - | {med(single, 'tok_s'):,.0f} | 1 | {med(single, 'model_tok_s'):,.0f} | "
@@ -329,7 +330,7 @@ def summarize(runs, latencies, args, cal) -> None:
           f"{sum(r['compiles'] for r in single)} |")
     for lat in latencies:
         rs = runs[lat]
-        share = med(rs, "continue_share")
+        share = med(rs, "feed_share")
         print(f"| multi-turn | {lat:g} | {med(rs, 'tok_s'):,.0f} | **{med(rs, 'ratio'):.3f}** | "
               f"{med(rs, 'model_tok_s'):,.0f} | {med(rs, 'model_tokens'):.0f} | {med(rs, 'obs_tokens'):.0f} | "
               f"{med(rs, 'calls_per_row'):.2f} ({min(r['calls_min'] for r in rs)}-{max(r['calls_max'] for r in rs)}) "

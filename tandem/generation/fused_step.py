@@ -171,16 +171,24 @@ def step_inputs(pos, rope_off, row, cos, sin, row_offset, max_pos):
 
 
 def advance(new_tok, logp, tok, pos, alive, row, step, win_tok, win_logp, win_row, win_step, win_j,
-            stop_t, max_new, max_pos):
+            stop_t, max_new, max_pos, force_tok, force_at, force_end):
     """After a step of slots 0..b-1 (in place): record (token, log-prob, output row or -1
-    for a dead slot, response position) at window index win_j, then advance the slots."""
+    for a dead slot, response position) at window index win_j, then advance the slots. A slot with
+    tokens queued (force_tok[slot, force_at:force_end], a tool's observation) takes the next of them
+    instead of its sample, with log-prob 0 and no stop check: the decode feeds observations."""
     b = new_tok.shape[0]
     a, r, s, p = alive[:b], row[:b], step[:b], pos[:b]
+    at = force_at[:b]
+    forced = at < force_end[:b]
+    queued = force_tok[:b].gather(1, at.clamp(max=force_tok.shape[1] - 1)[:, None])[:, 0]
+    new_tok = torch.where(forced, queued, new_tok)
+    logp = torch.where(forced, torch.zeros_like(logp), logp)
     win_tok[:, :b].index_copy_(0, win_j, new_tok[None])
     win_logp[:, :b].index_copy_(0, win_j, logp[None])
     win_row[:, :b].index_copy_(0, win_j, torch.where(a, r, -1)[None])
     win_step[:, :b].index_copy_(0, win_j, s[None])
-    stopped = (new_tok[:, None] == stop_t[None]).any(-1)
+    at += (forced & a).long()
+    stopped = (new_tok[:, None] == stop_t[None]).any(-1) & ~forced
     a.copy_(a & ~stopped & (s + 1 < max_new))
     s += a.long()  # the updated flags: the position of a row's next token
     tok[:b] = new_tok

@@ -7,9 +7,10 @@ turn's calls and issues them at once on `ToolLoop`'s event loop (a thread): ever
 one `ToolCaller.call` of their own, so a slow tool holds only the rows that called it. Each call
 has a deadline and retries; what still fails becomes an error observation (ok=False), never an
 exception or an empty answer. A row's calls carry its `tools_kwargs` entry for each tool (verl's
-extra_info.tools_kwargs; ToolCall.kwargs). `ToolTurns.resume` feeds the answered rows' observation
-tokens into their cache slots in one forward (turn_prefill.continue_rows: the prefixes are not
-recomputed) and hands the slots back to the scheduler. The engine waits on the tools only when no
+extra_info.tools_kwargs; ToolCall.kwargs). `ToolTurns.resume` queues the answered rows' observation
+tokens on their slots (turn_prefill.feed_observations) and hands the slots back to the scheduler: the
+decode feeds them a token a step into the row's KV cache (the prefix is not recomputed) and samples
+on after them. The engine waits on the tools only when no
 row can decode (Scheduler.stalled). At TP > 1 (lockstep: every rank of the group runs this loop)
 only the group's first rank calls the tools and broadcasts the answers that have come: a tool
 answering two ranks differently (a timeout on one, a stateful tool) must not split the group's rows,
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from tandem.generation.episodes import Episodes, Interactions
-from tandem.generation.turn_prefill import continue_rows, end_row, stopped_at
+from tandem.generation.turn_prefill import end_row, feed_observations, stopped_at
 from tandem.tools.calls import ToolCall, ToolCaller, ToolResult, with_row_kwargs
 
 
@@ -173,7 +174,7 @@ class ToolTurns:
 
     def resume(self, runner, sched, block: bool, poll_s: float = 0.5) -> None:
         """Continue every row whose answer has come (with block: wait up to poll_s for one first), all
-        in one continuation prefill. In lockstep (TP > 1: every rank of the group runs this loop) the
+        queued for the decode to feed (feed_observations). In lockstep (TP > 1: every rank of the group runs this loop) the
         calling rank's answered rows, with their answers, go to every rank, so all ranks resume the same
         rows at the same step and plan the same decode shapes, while the rows still waiting wait alone."""
         if not self.pending:
@@ -198,12 +199,11 @@ class ToolTurns:
                 self.errors[row] += sum(not r.ok for r in result)
                 obs = self.mt.format.observation(result)
             ready.append((slot, row, index, obs))
-        went_on = continue_rows(runner, [(slot, index, obs) for slot, _, index, obs in ready])
-        for (slot, row, index, obs), (nxt, token, going) in zip(ready, went_on):
-            self.turns[row] += token is not None  # None: the observation filled the budget, no model turn follows
-            self.turn_start[row] = min(index + 1 + len(obs), nxt)
-            if not self._maybe_call(slot, row, nxt, token, runner, stopped=not going):  # a turn may end at once
-                sched.resume(slot, nxt, going)
+        went_on = feed_observations(runner, [(slot, index, obs) for slot, _, index, obs in ready])
+        for (slot, row, index, obs), (nxt, going) in zip(ready, went_on):
+            self.turns[row] += going  # a model turn follows the observation unless it filled the budget
+            self.turn_start[row] = nxt
+            sched.resume(slot, index if going else nxt, going)  # the decode feeds the stop token first
 
     def cancel(self) -> None:
         for p in self.pending.values():

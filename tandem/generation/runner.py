@@ -128,6 +128,11 @@ class ModelRunner:
             self.row = torch.full((s,), -1, dtype=torch.long, device=dev)
             self.step = torch.zeros(s, dtype=torch.long, device=dev)
             self.alive = torch.zeros(s, dtype=torch.bool, device=dev)
+            # tokens a slot's decode steps feed instead of their samples (a tool's observation), from
+            # force_tok[slot, force_at] up to force_end: multi-turn rows continue inside the decode graphs
+            self.force_tok = torch.zeros((s, max_len), dtype=torch.long, device=dev)
+            self.force_at = torch.zeros(s, dtype=torch.long, device=dev)
+            self.force_end = torch.zeros(s, dtype=torch.long, device=dev)
             self.seed = torch.zeros((), dtype=torch.long, device=dev)
             self.win_j = torch.zeros(1, dtype=torch.long, device=dev)
             self.win_tok = torch.zeros((w, s), dtype=torch.long, device=dev)
@@ -148,6 +153,8 @@ class ModelRunner:
         self.prefix = self._prefix_groups(request.params.n)
         self.alive.zero_()
         self.row.fill_(-1)
+        self.force_at.zero_()
+        self.force_end.zero_()
         self.seed.fill_(request.seed & 0xFFFFFFFF)
         self.max_new.fill_(request.params.max_new_tokens)
         self.row_offset.fill_(request.params.row_offset)
@@ -253,6 +260,7 @@ class ModelRunner:
         self.row.index_copy_(0, slots, rows)
         self.step.index_copy_(0, slots, alive.long())  # a row stopped at once: its step indexes token 0
         self.alive.index_copy_(0, slots, alive)
+        self.force_end.index_copy_(0, slots, self.force_at[slots])  # nothing queued for a new row
 
     def _decode_window(self, plan: Plan) -> None:
         b, kv_len, steps = plan.batch, plan.kv_len, plan.decode_steps
@@ -266,7 +274,7 @@ class ModelRunner:
             p = self.request.params
             key = (b, kv_len, p.greedy, p.temperature, p.top_k, p.top_p, p.max_new_tokens,
                    tuple(self.request.stop_ids), None if self.prefix is None else self.prefix.n)
-            state = [self.tok, self.pos, self.step, self.alive, self.win_j]
+            state = [self.tok, self.pos, self.step, self.alive, self.win_j, self.force_at]
             for _ in range(steps):
                 self.graphs.replay(key, step_fn, state)
         # scatter the window into the outputs; dead entries go to the spare last row
@@ -301,7 +309,8 @@ class ModelRunner:
             new_tok, logp = sample_rows(self._logits(h), p, self.seed, row.clamp(min=0) + self.row_offset, step)
         (self.fns.advance if self.fns is not None else advance)(
             new_tok, logp, self.tok, self.pos, self.alive, self.row, self.step, self.win_tok, self.win_logp,
-            self.win_row, self.win_step, self.win_j, self.stop_t, self.max_new, self.max_pos)
+            self.win_row, self.win_step, self.win_j, self.stop_t, self.max_new, self.max_pos, self.force_tok,
+            self.force_at, self.force_end)
 
     def _mask(self, pos, kv_len) -> torch.Tensor:
         return (self.key_pos[:kv_len][None] <= pos[:, None])[:, None, None]  # [b, 1, 1, kv_len]

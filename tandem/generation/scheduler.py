@@ -130,8 +130,9 @@ class Scheduler:
         return finished
 
     def resume(self, slot: int, next_index: int, alive: bool) -> list[int]:
-        """A paused row got its observation: its next token (response index `next_index`) is
-        sampled. It decodes on from there, or finishes (returns [row]) when it is not alive."""
+        """A paused row got its observation: the token at response index `next_index` is the next one
+        the decode feeds (its stop token, then the queued observation). It decodes on from there, or
+        finishes (returns [row]) when it is not alive."""
         b = self._paused.pop(slot)
         b.position = self.prompt_lens[b.row // self.n] + next_index
         b.steps_left = self.max_new_tokens - 1 - next_index

@@ -1,18 +1,19 @@
-"""Multi-turn on the runner's cache: where a stopped row stopped, and a tool observation fed into
-the row's own KV cache slot on top of its prefix (the turn's continuation prefill), or written as
-the last tokens of a row that ends there (an environment's final turn).
+"""Multi-turn on the runner's state: where a stopped row stopped, and a tool observation queued for
+the row's own decode (feed_observations: the decode feeds it a token a step into the row's KV cache
+slot, on top of its prefix), or written as the last tokens of a row that ends there (an environment's
+final turn).
 
-Runs between decode windows, eagerly, on the modules (the prefill's path): it writes the slot's
-cache positions and its persistent decode state (last token, position, step, alive) in place, so
-the captured decode graphs stay valid. Not here: which rows pause and when (multi_turn.py).
+Runs between decode windows: it writes the slot's persistent decode state (last token, position,
+step, alive, queued tokens) in place, so the captured decode graphs stay valid; no model runs here.
+(Feeding an observation by its own eager forward, one per resume, made multi-turn generation 0.13x
+single-turn's tokens/s on a GPU: bench/results/multi_turn_generation.md.) Not here: which rows pause
+and when (multi_turn.py).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from tandem.generation.runner import ModelRunner
-from tandem.generation.sampling import sample_rows
 
 
 def stopped_at(runner: ModelRunner, slots: list[int]) -> list[tuple[int, int, int]]:
@@ -51,12 +52,15 @@ def _write_observations(runner: ModelRunner, rows: list[int], indices: list[int]
 
 
 @torch.no_grad()
-def continue_rows(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) -> list[tuple[int, int | None, bool]]:
-    """Rows stopped on a tool call, each (slot, response index of its last token - sampled, not yet
-    fed -, observation): feed each row's last token and observation at its next cache positions, on
-    top of its KV cache (the prefix is not recomputed), all rows in one forward, and sample each
-    row's next model token. An observation is cut to the response budget. Returns, per row, (the
-    next token's response index, that token (None: no room was left for it), whether it decodes on)."""
+def feed_observations(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) -> list[tuple[int, bool]]:
+    """Rows stopped on a tool call, each (slot, response index of its stop token - sampled, not yet fed -,
+    observation): each observation, cut to the response budget, is written into its row's outputs and
+    queued on its slot (runner.force_tok), and the slot is set to feed its stop token next. The decode
+    then feeds the stop token and the observation a token a step, inside its CUDA graphs, writing their
+    keys and values on top of the row's cached prefix (never recomputed), and samples the row's next
+    model token after them as any other. One host sync and two copies for all the rows. Returns, per
+    row, (the response index after its observation, whether it decodes on: False when the observation
+    filled the budget and the row ends on it)."""
     if not turns:
         return []
     req, dev = runner.request, runner.device
@@ -65,57 +69,25 @@ def continue_rows(runner: ModelRunner, turns: list[tuple[int, int, list[int]]]) 
     rows = runner.row[torch.tensor(slot_list, device=dev)].tolist()  # the one host sync
     written = _write_observations(runner, rows, indices, [t[2] for t in turns])
     nexts = [index + 1 + len(obs) for index, obs in zip(indices, written)]
-    out: list[tuple[int, int | None, bool] | None] = [None] * len(turns)
-    fed = [i for i, nxt in enumerate(nexts) if nxt < r]
-    for i in set(range(len(turns))) - set(fed):  # no room left for a model token: the row ends on its observation
-        runner.alive[slot_list[i]] = False
-        out[i] = (nexts[i], None, False)
-    if not fed:
-        return out
-    widths = [1 + len(written[i]) for i in fed]  # fed tokens of each row: its stop token and observation
-    b, width = len(fed), max(widths)
-    slots = torch.tensor([slot_list[i] for i in fed], device=dev)
-    rows_t = torch.tensor([rows[i] for i in fed], device=dev)
-    lens = torch.tensor(widths, device=dev)
-    index_t = torch.tensor([indices[i] for i in fed], device=dev)
-    nxt_t = torch.tensor([nexts[i] for i in fed], device=dev)
-    # each row's stop token and observation, right padded (a row's real queries never see its pads)
-    ids = torch.zeros((b, width), dtype=torch.long, device=dev)
-    ids[:, 0] = runner.out_tok[rows_t, index_t]
-    cols = torch.arange(width - 1, device=dev)[None]
-    has_obs = cols < (lens - 1)[:, None]  # [B, W - 1]
-    ids[:, 1:][has_obs] = runner.out_tok[rows_t[:, None], (index_t[:, None] + 1 + cols).clamp(max=r - 1)][has_obs]
-    start_list = [runner.prompt_lens[rows[i] // req.params.n] + indices[i] for i in fed]  # of each stop token
-    runner.fed_tokens += sum(widths)
-    starts = torch.tensor(start_list, device=dev)
-    positions = starts[:, None] + torch.arange(width, device=dev)[None]  # [B, W]
-    rope_pos = (positions + runner.rope_off[slots][:, None]).clamp(max=runner.cache.max_len - 1)
-    freqs = runner.freqs[rope_pos.t()].squeeze(2)  # [W, B, 1, rot_dim]
-    span = max(st + w for st, w in zip(start_list, widths))
-    allowed = (runner.key_pos[:span][None, None] <= positions[:, :, None])[:, None]  # [B, 1, W, span]
-    # the real (not pad) queries, whose keys and values go into the cache
-    b_idx, w_idx = (torch.tensor(x, device=dev) for x in zip(*[(k, j) for k, w in enumerate(widths) for j in range(w)]))
-    slot_idx, pos_idx = slots[b_idx], positions[b_idx, w_idx]
-
-    def attend(layer_idx, q, k, v):  # [W, B, heads, d], [W, B, groups, d] x 2
-        cache_k, cache_v = runner.cache.k[layer_idx], runner.cache.v[layer_idx]  # [slots, groups, S, d]
-        cache_k[slot_idx, :, pos_idx] = k[w_idx, b_idx]
-        cache_v[slot_idx, :, pos_idx] = v[w_idx, b_idx]
-        keys, values = cache_k[slots, :, :span], cache_v[slots, :, :span]  # [B, groups, span, d]
-        att = F.scaled_dot_product_attention(q.permute(1, 2, 0, 3), keys, values, attn_mask=allowed,
-                                             scale=runner.scale, enable_gqa=runner.heads != runner.groups)
-        return att.permute(2, 0, 1, 3).reshape(width, b, -1)
-
-    h = runner._trunk(ids, freqs, attend)  # [W, B, H]
-    last = h[lens - 1, torch.arange(b, device=dev)]  # [B, H]: each row's last real position
-    tok, logp = sample_rows(runner._logits(last[None]), req.params, runner.seed, rows_t + req.params.row_offset,
-                            nxt_t)
-    runner.out_tok[rows_t, nxt_t], runner.out_logp[rows_t, nxt_t] = tok, logp
-    runner.out_mask[rows_t, nxt_t] = True
-    going = ~(tok[:, None] == runner.stop_t[None]).any(-1) & (nxt_t + 1 < r)
-    # as after a decode step: a stopped row's step stays on its stop token
-    runner.tok[slots], runner.pos[slots], runner.step[slots] = tok, starts + lens, nxt_t + going.long()
-    runner.alive[slots] = going
-    for i, (t, g) in zip(fed, torch.stack([tok, going.long()], 1).tolist()):
-        out[i] = (nexts[i], t, bool(g))
-    return out
+    going = [nxt < r for nxt in nexts]  # else no room is left for a model token: the row ends on its observation
+    fed = [i for i in range(len(turns)) if going[i]]
+    ended = [slot_list[i] for i in range(len(turns)) if not going[i]]
+    if ended:
+        runner.alive[torch.tensor(ended, device=dev)] = False
+    if fed:
+        width = max(1, max(len(written[i]) for i in fed))
+        queue = torch.zeros((len(fed), width), dtype=torch.long)
+        host = torch.tensor([[slot_list[i], rows[i], indices[i], len(written[i]),
+                              runner.prompt_lens[rows[i] // req.params.n] + indices[i]] for i in fed])
+        for k, i in enumerate(fed):
+            queue[k, :len(written[i])] = torch.tensor(written[i], dtype=torch.long)
+        queue, host = queue.to(dev), host.to(dev)
+        slots, rows_t, index_t, lens, starts = host.unbind(1)
+        runner.force_tok[slots, :width] = queue
+        runner.force_at[slots] = 0
+        runner.force_end[slots] = lens
+        runner.tok[slots] = runner.out_tok[rows_t, index_t]  # the stop token, fed first at its own position
+        runner.pos[slots] = starts
+        runner.step[slots] = index_t + 1  # the next sample is the observation's first position: forced
+        runner.alive[slots] = True
+    return list(zip(nexts, going))
