@@ -11,7 +11,9 @@ Printed: response tokens/s of each mode and the multi-turn / single-turn ratio o
 over repeats; warm-up runs excluded), model and observation tokens, calls per row, the time share of
 queueing the observations for the decode (turn_prefill.feed_observations, timed by wrapping the engine's own
 function; the decode then feeds them a token a step inside its graphs), the decode steps
-run, and graph capture / compile time that fell inside timed runs (should be 0).
+run, graph capture / compile time that fell inside timed runs (should be 0), and the rollout log-probs
+of the model tokens against a from-scratch forward of a few rows (observations included: the cache the
+decode built is the one a full forward computes).
 
 How a random model calls a tool at a known rate. Its next-token distribution is near uniform, so X (the
 format's end_id, the last vocabulary id) would come about once per vocabulary size of steps. Two in-place
@@ -200,6 +202,25 @@ def calibrate(model, res, x_id: int, direction: torch.Tensor, target: float, row
             "beacon_cv": float(proj.std() / proj.mean())}
 
 
+@torch.no_grad()
+def recompute_diff(model, res, rows: int) -> float:
+    """Max |rollout log-prob - a from-scratch forward's| over the model tokens of the first `rows` rows:
+    bf16 noise when the decode's cache (observations included) is what a full forward computes."""
+    from tandem.models.forward import forward_logits
+
+    worst = 0.0
+    p = res.prompts.shape[1]
+    for i in range(min(rows, res.prompts.shape[0])):
+        seq = torch.cat([res.prompts[i], res.responses[i]])[None].to(device.device())
+        logits = forward_logits(model, seq, torch.ones_like(seq))[0, p - 1:-1].float()
+        logp = torch.log_softmax(logits, -1).gather(-1, seq[0, p:, None])[:, 0].cpu()
+        model_tok = res.response_mask[i].bool()
+        if res.observation_mask is not None:
+            model_tok &= ~res.observation_mask[i].bool()
+        worst = max(worst, float((logp - res.rollout_log_probs[i]).abs()[model_tok].max()))
+    return worst
+
+
 def measure(engine, probe, prompts, params, tools, x_id) -> tuple[dict, object]:
     from tandem.generation.graphs import CAPTURE_SECONDS
 
@@ -253,6 +274,7 @@ def main():
     ap.add_argument("--beacon", type=float, default=1.0, help="|c| over the median hidden norm")
     ap.add_argument("--calibration-rows", type=int, default=16)
     ap.add_argument("--sync-every", type=int, default=None, help="engine default (8 on GPU) if unset")
+    ap.add_argument("--check-rows", type=int, default=8, help="rows checked against a from-scratch forward")
     ap.add_argument("--tiny", action="store_true", help="CPU smoke run")
     args = ap.parse_args()
     if args.tiny:
@@ -300,17 +322,22 @@ def main():
         measure(engine, probe, prompts, params(args.new), tools(lat), x_id)
     emit({"warm_up_s": time.perf_counter() - t0})
 
-    runs = defaultdict(list)
+    runs, last = defaultdict(list), {}
     for rep in range(args.repeats):
-        base = measure(engine, probe, prompts, params(args.new), None, x_id)[0]
+        base, last["single"] = measure(engine, probe, prompts, params(args.new), None, x_id)
         runs["single"].append(base)
         emit({"rep": rep, "mode": "single-turn", **base})
         for lat in latencies:
-            rec = measure(engine, probe, prompts, params(args.new), tools(lat), x_id)[0]
+            rec, last[lat] = measure(engine, probe, prompts, params(args.new), tools(lat), x_id)
             rec["ratio"] = rec["tok_s"] / base["tok_s"]
             runs[lat].append(rec)
             emit({"rep": rep, "mode": "multi-turn", "latency_ms": lat, **rec})
+    diffs = {mode: recompute_diff(model, res, args.check_rows) for mode, res in last.items()}
+    emit({"logp_diff_max": diffs})
     summarize(runs, latencies, args, cal)
+    print("rollout log-probs of the model tokens against a from-scratch forward (first "
+          f"{args.check_rows} rows of the last repeat), max |diff|: "
+          + ", ".join(f"{'single-turn' if m == 'single' else f'multi-turn {m:g} ms'} {d:.3g}" for m, d in diffs.items()))
 
 
 def summarize(runs, latencies, args, cal) -> None:
