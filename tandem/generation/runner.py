@@ -1,28 +1,25 @@
 """ModelRunner: executes the scheduler's plans on a megatron-core GPTModel.
 
-The model's own modules do the math (embedding, each layer's input_layernorm,
-linear_qkv via `get_query_key_value_tensors`, megatron's RoPE, linear_proj,
-pre_mlp_layernorm, mlp, the final layernorm and output_layer, with their TP
-communication); only attention and the KV cache are the runner's: a preallocated
-`KVCache`, device-tensor positions and per-slot lengths, so one decode step has static
-shapes and is captured in a CUDA graph (`graphs.py`) per (slots, kv_len, sampling).
-Decode attention is `decode_attention.py`'s Triton kernel on GPUs (it also writes the
-step's K and V into the cache, and reads each prompt group's prompt once: prefix_groups.py),
-else SDPA or two GEMMs under a length mask.
+The model's own modules do the math (embedding, each layer's input_layernorm, linear_qkv via
+`get_query_key_value_tensors`, megatron's RoPE, linear_proj, pre_mlp_layernorm, mlp, the final
+layernorm and output_layer, with their TP communication); only attention and the KV cache are the
+runner's: a preallocated `KVCache`, device-tensor positions and per-slot lengths, so one decode step
+has static shapes and is captured in a CUDA graph (`graphs.py`) per (slots, kv_len, sampling).
+Decode attention is `decode_attention.py`'s Triton kernel on GPUs (it also writes the step's K and V
+into the cache, and reads each prompt group's prompt once: prefix_groups.py), else SDPA or two GEMMs.
 
-Per-slot state lives in persistent device buffers: the last token, its cache position,
-the output row, the response position and an alive flag. A decode window of k steps
-records each step's token / log-prob / row / position in window buffers; after the
-window they are scattered into the request's outputs by row, and the alive flags are
-read back once (the only host sync of the window).
+Per-slot state lives in persistent device buffers: the last token, its cache position, the output
+row, the response position, an alive flag and the tokens queued for the decode to feed (a tool's
+observation: turn_prefill.py). A decode window of k steps records each step's token / log-prob /
+row / position in window buffers; after the window they are scattered into the request's outputs by
+row, and the alive flags are read back once (the only host sync of the window).
 
-With `fused=True` (default on GPUs, TP = 1) decode runs the same math on the layers'
-weights through `fused_step.py` instead of the modules: fewer, larger kernels, compiled
-by torch.compile when `compile=True`, then captured in the same CUDA graphs. Prefill
-always runs the modules.
+With `fused=True` (default on GPUs, TP = 1) decode runs the same math on the layers' weights through
+`fused_step.py` instead of the modules: fewer, larger kernels, compiled by torch.compile when
+`compile=True`, then captured in the same CUDA graphs. Prefill always runs the modules.
 
-Not here: planning (scheduler.py), padding/result assembly (engine.py), pipeline
-parallelism, CUDA graphs with TP > 1 (TP > 1 runs the same step eagerly).
+Not here: planning (scheduler.py), padding/result assembly (engine.py), pipeline parallelism, CUDA
+graphs with TP > 1 (TP > 1 runs the same step eagerly).
 """
 from __future__ import annotations
 
@@ -45,8 +42,7 @@ log = logging.getLogger(__name__)
 
 
 def _triton_attention(device: torch.device, head_dim: int):
-    """decode_attention.decode_attention when it can run here (triton installed, CUDA or
-    TRITON_INTERPRET=1, a head size it handles), else None: the runner uses SDPA."""
+    """decode_attention.decode_attention where it runs (triton; CUDA or interpreted; its head sizes), else None."""
     try:
         kernel = importlib.import_module("tandem.generation.decode_attention")
     except ImportError as e:
@@ -128,11 +124,9 @@ class ModelRunner:
             self.row = torch.full((s,), -1, dtype=torch.long, device=dev)
             self.step = torch.zeros(s, dtype=torch.long, device=dev)
             self.alive = torch.zeros(s, dtype=torch.bool, device=dev)
-            # tokens a slot's decode steps feed instead of their samples (a tool's observation), from
-            # force_tok[slot, force_at] up to force_end: multi-turn rows continue inside the decode graphs
+            # tokens a slot's decode feeds instead of its samples: force_tok[slot, force_at:force_end]
             self.force_tok = torch.zeros((s, max_len), dtype=torch.long, device=dev)
-            self.force_at = torch.zeros(s, dtype=torch.long, device=dev)
-            self.force_end = torch.zeros(s, dtype=torch.long, device=dev)
+            self.force_at, self.force_end = (torch.zeros(s, dtype=torch.long, device=dev) for _ in range(2))
             self.seed = torch.zeros((), dtype=torch.long, device=dev)
             self.win_j = torch.zeros(1, dtype=torch.long, device=dev)
             self.win_tok = torch.zeros((w, s), dtype=torch.long, device=dev)
@@ -151,10 +145,9 @@ class ModelRunner:
         if self.fused:  # references to the current parameters (None: not a model fused_step handles)
             self.weights = DecodeWeights.from_model(self.model)
         self.prefix = self._prefix_groups(request.params.n)
-        self.alive.zero_()
+        for t in (self.alive, self.force_at, self.force_end):
+            t.zero_()
         self.row.fill_(-1)
-        self.force_at.zero_()
-        self.force_end.zero_()
         self.seed.fill_(request.seed & 0xFFFFFFFF)
         self.max_new.fill_(request.params.max_new_tokens)
         self.row_offset.fill_(request.params.row_offset)
@@ -202,8 +195,7 @@ class ModelRunner:
 
     @torch.no_grad()
     def execute(self, plan: Plan) -> list[bool]:
-        """Prefill the admitted prompts, run plan.decode_steps decode steps; return the
-        alive flag of every slot (one host sync)."""
+        """Prefill the admitted prompts, run the plan's decode steps -> every slot's alive flag (one sync)."""
         admit = list(plan.admit)
         while admit:
             chunk, tokens = [], 0
@@ -287,8 +279,7 @@ class ModelRunner:
         self.out_mask[-1] = False
 
     def _decode_step(self, b: int, kv_len: int) -> None:
-        """One token for slots 0..b-1 against cache positions < kv_len. Static shapes,
-        device tensors only: safe to capture."""
+        """One token for slots 0..b-1 against cache positions < kv_len (static shapes: capturable)."""
         tok, pos, row, step = (t[:b] for t in (self.tok, self.pos, self.row, self.step))
         allowed = None if self.kernel is not None else self._mask(pos, kv_len)
         p = self.request.params
