@@ -182,7 +182,7 @@ def advance(new_tok, logp, tok, pos, alive, row, step, win_tok, win_logp, win_ro
     forced = at < force_end[:b]
     queued = force_tok[:b].gather(1, at.clamp(max=force_tok.shape[1] - 1)[:, None])[:, 0]
     new_tok = torch.where(forced, queued, new_tok)
-    logp = torch.where(forced, torch.zeros_like(logp), logp)
+    logp = logp.masked_fill(forced, 0.0)
     win_tok[:, :b].index_copy_(0, win_j, new_tok[None])
     win_logp[:, :b].index_copy_(0, win_j, logp[None])
     win_row[:, :b].index_copy_(0, win_j, torch.where(a, r, -1)[None])

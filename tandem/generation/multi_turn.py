@@ -10,9 +10,9 @@ exception or an empty answer. A row's calls carry its `tools_kwargs` entry for e
 extra_info.tools_kwargs; ToolCall.kwargs). `ToolTurns.resume` queues the answered rows' observation
 tokens on their slots (turn_prefill.feed_observations) and hands the slots back to the scheduler: the
 decode feeds them a token a step into the row's KV cache (the prefix is not recomputed) and samples
-on after them. The engine waits on the tools only when no
-row can decode (Scheduler.stalled). At TP > 1 (lockstep: every rank of the group runs this loop)
-only the group's first rank calls the tools and broadcasts the answers that have come: a tool
+on after them. The engine waits on the tools only when no row can decode (Scheduler.stalled). At
+TP > 1 (lockstep: every rank of the group runs this loop) only the group's first rank calls the
+tools and broadcasts the answers that have come: a tool
 answering two ranks differently (a timeout on one, a stateful tool) must not split the group's rows,
 a side effect must happen once, and a slow tool holds only its rows there too.
 
@@ -173,10 +173,11 @@ class ToolTurns:
                          if self._maybe_call(s, row, index, token, runner, stopped=True))
 
     def resume(self, runner, sched, block: bool, poll_s: float = 0.5) -> None:
-        """Continue every row whose answer has come (with block: wait up to poll_s for one first), all
-        queued for the decode to feed (feed_observations). In lockstep (TP > 1: every rank of the group runs this loop) the
-        calling rank's answered rows, with their answers, go to every rank, so all ranks resume the same
-        rows at the same step and plan the same decode shapes, while the rows still waiting wait alone."""
+        """Continue every row whose answer has come (with block: wait up to poll_s for one first), its
+        observation queued for the decode to feed (feed_observations). In lockstep (TP > 1: every rank of
+        the group runs this loop) the calling rank's answered rows, with their answers, go to every rank,
+        so all ranks resume the same rows at the same step and plan the same decode shapes, while the rows
+        still waiting wait alone."""
         if not self.pending:
             return
         if block and self.calling:

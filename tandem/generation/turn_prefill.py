@@ -31,24 +31,33 @@ def end_row(runner: ModelRunner, slot: int, index: int, observation: list[int]) 
     """A row stopped at response index `index` whose episode is over: its last observation is written
     after the stop token (cut to the response budget) and the row ends there, with no model run (no
     token follows it). Returns the response index after the observation."""
-    (observation,) = _write_observations(runner, [int(runner.row[slot])], [index], [observation])
+    (observation,), _, _ = _write_observations(runner, [int(runner.row[slot])], [index], [observation])
     runner.alive[slot] = False
     return index + 1 + len(observation)
 
 
-def _write_observations(runner: ModelRunner, rows: list[int], indices: list[int],
-                        observations: list[list[int]]) -> list[list[int]]:
+def _write_observations(runner: ModelRunner, rows: list[int], indices: list[int], observations: list[list[int]],
+                        extra: list[list[int]] | None = None) -> tuple[list[list[int]], torch.Tensor, torch.Tensor]:
     """Each observation, cut to the response budget, into its row's outputs after its response index
-    (flagged as observation), in one copy to the device -> what was written of each."""
+    (flagged as observation), in two copies to the device and no sync -> (what was written of each; on
+    the device, those tokens right-padded [B, W] and per row [row, index, length, *extra])."""
     r = runner.request.params.max_new_tokens
     cut = [obs[:max(0, r - 1 - index)] for obs, index in zip(observations, indices)]
-    at = [(row, index + 1 + j) for row, index, obs in zip(rows, indices, cut) for j in range(len(obs))]
-    if at:
-        where = torch.tensor(at, dtype=torch.long).t().to(runner.device)
-        runner.out_tok[where[0], where[1]] = torch.tensor([t for obs in cut for t in obs]).to(runner.device)
-        runner.out_mask[where[0], where[1]] = True
-        runner.out_obs[where[0], where[1]] = True
-    return cut
+    queue = torch.zeros((len(cut), max(1, *map(len, cut))), dtype=torch.long)
+    for k, obs in enumerate(cut):
+        queue[k, :len(obs)] = torch.tensor(obs, dtype=torch.long)
+    meta = torch.tensor([[row, index, len(obs), *more] for row, index, obs, more
+                         in zip(rows, indices, cut, extra or [[]] * len(cut))])
+    queue, meta = queue.to(runner.device), meta.to(runner.device)
+    j = torch.arange(queue.shape[1], device=runner.device)[None]
+    real = j < meta[:, 2:3]
+    # pads write 0 / False to the spare last row's first column (identical writes: deterministic)
+    rows_t = torch.where(real, meta[:, :1], runner.out_tok.shape[0] - 1)
+    cols = torch.where(real, meta[:, 1:2] + 1 + j, 0)
+    runner.out_tok[rows_t, cols] = queue
+    runner.out_mask[rows_t, cols] = real
+    runner.out_obs[rows_t, cols] = real
+    return cut, queue, meta
 
 
 @torch.no_grad()
@@ -64,30 +73,23 @@ def feed_observations(runner: ModelRunner, turns: list[tuple[int, int, list[int]
     if not turns:
         return []
     req, dev = runner.request, runner.device
-    r = req.params.max_new_tokens
+    r, n = req.params.max_new_tokens, req.params.n
     slot_list, indices = [t[0] for t in turns], [t[1] for t in turns]
     rows = runner.row[torch.tensor(slot_list, device=dev)].tolist()  # the one host sync
-    written = _write_observations(runner, rows, indices, [t[2] for t in turns])
+    written, queue, meta = _write_observations(
+        runner, rows, indices, [t[2] for t in turns],
+        extra=[[slot, runner.prompt_lens[row // n] + index] for slot, row, index in zip(slot_list, rows, indices)])
     nexts = [index + 1 + len(obs) for index, obs in zip(indices, written)]
     going = [nxt < r for nxt in nexts]  # else no room is left for a model token: the row ends on its observation
-    fed = [i for i in range(len(turns)) if going[i]]
-    ended = [slot_list[i] for i in range(len(turns)) if not going[i]]
-    if ended:
-        runner.alive[torch.tensor(ended, device=dev)] = False
-    if fed:
-        width = max(1, max(len(written[i]) for i in fed))
-        queue = torch.zeros((len(fed), width), dtype=torch.long)
-        host = torch.tensor([[slot_list[i], rows[i], indices[i], len(written[i]),
-                              runner.prompt_lens[rows[i] // req.params.n] + indices[i]] for i in fed])
-        for k, i in enumerate(fed):
-            queue[k, :len(written[i])] = torch.tensor(written[i], dtype=torch.long)
-        queue, host = queue.to(dev), host.to(dev)
-        slots, rows_t, index_t, lens, starts = host.unbind(1)
-        runner.force_tok[slots, :width] = queue
-        runner.force_at[slots] = 0
-        runner.force_end[slots] = lens
-        runner.tok[slots] = runner.out_tok[rows_t, index_t]  # the stop token, fed first at its own position
-        runner.pos[slots] = starts
-        runner.step[slots] = index_t + 1  # the next sample is the observation's first position: forced
-        runner.alive[slots] = True
+    rows_t, index_t, lens, slots, starts = meta.unbind(1)
+    # a row that decodes on queues its observation and feeds its stop token next, at its own position;
+    # one that ends is only marked dead (its queue stays empty)
+    on = index_t + 1 + lens < r  # `going`, on the device
+    runner.force_tok[slots, :queue.shape[1]] = queue
+    runner.force_at[slots] = 0
+    runner.force_end[slots] = torch.where(on, lens, 0)
+    runner.tok[slots] = runner.out_tok[rows_t, index_t]  # the stop token
+    runner.pos[slots] = starts
+    runner.step[slots] = index_t + 1  # the next sample is the observation's first position: forced
+    runner.alive[slots] = on
     return list(zip(nexts, going))
