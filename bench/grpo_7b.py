@@ -1,7 +1,7 @@
 """GRPO, colocated, KL loss on (the reference is live), on a Qwen2.5-7B-shaped checkpoint on one GPU:
 peak GPU and host memory and the step time, from checkpoint to the last step in one command.
 
-    python bench/grpo_7b.py [--steps 3] [--prompts 32] [--n 8] [--new-tokens 512] [--fraction 0.4]
+    python bench/grpo_7b.py [--steps 3] [--prompts 32] [--n 8] [--new-tokens 512] [--fraction F]
     python bench/grpo_7b.py --shape tiny --prompts 4 --n 2 --new-tokens 8 --steps 2    # CPU smoke
     python bench/grpo_7b.py --out DIR KEY=VALUE ...    # any config key on top (a variant to compare)
 
@@ -22,10 +22,10 @@ baseline that does not fit at 7B); micro-batches by its token budget unless `--m
   - actor.megatron.grad_offload (the fp32 gradient buffer, 30 GB, is dropped outside training),
     ref.megatron.param_offload (the reference, 15 GB, in pinned host memory except while it
     computes), rollout.free_cache_engine (the KV cache freed before log-probs and training).
-Per phase, on the GPU at --fraction 0.4 (GB): generation 15 policy + 55 GPU share of the
-optimizer + ~9 KV cache; log-probs 15 + 55 (+ the 15 of the reference for its own pass);
-training 15 + 30 gradients + 55 + activations. Host: 37 (CPU Adam share: fp32 weights and
-moments) + 12 (its pinned fp32 gradient copy) + 15 (reference) + the processes.
+Per phase, on the GPU at the config's fraction 0.2 (GB): generation 15 policy + 73 GPU share of
+the optimizer + ~9 KV cache; log-probs 15 + 73 (+ the 15 of the reference for its own pass);
+training 15 + 30 gradients + 73 + activations. Host: 18 (CPU Adam share: fp32 weights and
+moments) + 6 (its pinned fp32 gradient copy) + 15 (reference) + the processes.
 Prints per step: seconds (and the phases'), the actor's perf/max_memory_allocated_gb and
 perf/max_memory_reserved_gb (peaks since the previous update, i.e. over the step), its
 perf/cpu_memory_used_gb, and the host peaks polled every 0.5 s (the services' RSS summed, and
