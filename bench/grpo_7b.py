@@ -76,8 +76,10 @@ def overrides(a, cuda: bool) -> tuple[str | None, list[str]]:
            f"data.train_batch_size={a.prompts}", f"data.max_response_length={a.new_tokens}",
            f"{A}.ppo_mini_batch_size={a.mini}", f"actor_rollout_ref.rollout.max_batch_size={a.prompts * a.n}",
            f"{A}.optim.lr=1e-6", "trainer.sft.total_steps=0", "trainer.test_freq=0", "trainer.save_freq=-1",
-           "data.builtin_train_size=2000", "data.builtin_val_size=8", f"services.actor.torch_threads={a.threads}",
+           "data.builtin_train_size=2000", "data.builtin_val_size=8",
            f"services.startup_timeout_s={a.startup_timeout}", "services.rpc_timeout_s=1800"]
+    if a.threads:
+        out.append(f"services.actor.torch_threads={a.threads}")
     if a.micro:  # rows instead of the config's token budget
         out += [f"{A}.ppo_micro_batch_size_per_gpu={a.micro}",
                 f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={a.micro * 2}"]
@@ -225,7 +227,7 @@ def main() -> int:
     p.add_argument("--mini", type=int, help="ppo_mini_batch_size in prompts (default: half the batch)")
     p.add_argument("--micro", type=int, help="rows per training forward/backward (default: the config's token budget)")
     p.add_argument("--fraction", type=float, help="share of Adam on the CPU (GPU runs; default: the config's)")
-    p.add_argument("--threads", type=int, default=12, help="actor torch threads (the CPU Adam uses them)")
+    p.add_argument("--threads", type=int, help="actor torch threads (the CPU Adam uses them; default: the config's)")
     p.add_argument("--startup-timeout", type=float, default=600)
     p.add_argument("--no-preflight", action="store_true", help="skip the tiny CPU-optimizer-offload check")
     p.add_argument("--no-offload", action="store_true", help="no offload settings (a baseline; does not fit at 7B)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from tandem.config import OptimConfig
-from tandem.train import foreach_fallbacks
+from tandem.train import cpu_adam, foreach_fallbacks
 
 
 def wrap_ddp(model, use_distributed_optimizer: bool = False):
@@ -107,6 +107,8 @@ class Optimizer:
         self.schedule = lr_schedule(cfg, total_steps, per_step)
         self._apply_lr()
         self._fuse_torch_adam()
+        for hybrid in cpu_adam.hybrid_optimizers(self.opt):  # megatron's CPU optimizer offload
+            cpu_adam.pin_after_every_load(hybrid)
 
     @property
     def checkpoint_format(self) -> str:
@@ -174,7 +176,8 @@ class Optimizer:
 
     def step(self) -> float:
         self._state_ready()
-        _, grad_norm, _ = self.opt.step()
+        with torch.profiler.record_function("tandem.optimizer_step"):  # a range of its own in traces
+            _, grad_norm, _ = self.opt.step()
         self.steps += 1
         self._apply_lr()
         # no zero_grad here: train_steps zeroes before each mini-batch (a second pass over

@@ -20,6 +20,8 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from tandem.parallel import device
 from tandem.train.offload import HostStash, distinct_storages
 
@@ -55,6 +57,10 @@ class MemoryPhases:
     def enter(self, phase: str) -> None:
         if phase not in self.uses:
             raise ValueError(f"unknown phase {phase!r}; known: {sorted(self.uses)}")
+        with torch.profiler.record_function(f"tandem.phase.{phase}"):  # the moves, a range of their own in traces
+            self._enter(phase)
+
+    def _enter(self, phase: str) -> None:
         used = self.uses[phase]
         moved_out = False
         for g in self.groups.values():  # first make room
