@@ -51,7 +51,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--threads", default="2,12", help="torch thread counts, comma-separated (the actor's "
-                   "default services.actor.torch_threads is 2; bench/grpo_7b.py's actor has 12)")
+                   "default services.actor.torch_threads is 2; deploy/configs/one_gpu_7b.yaml sets 12)")
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
     params = [torch.nn.Parameter(torch.randn(s, device="cuda", dtype=torch.bfloat16) * 0.02)
