@@ -15,14 +15,13 @@ on the CPU (optim.override_optimizer_config.optimizer_offload_fraction).
 from __future__ import annotations
 
 
-def hybrid_optimizers(opt) -> list:
-    """The HybridDeviceOptimizers inside a megatron optimizer (chained or not)."""
+def hybrid_optimizers(torch_optimizers: list) -> list:
+    """The HybridDeviceOptimizers among the torch optimizers megatron's optimizers wrap."""
     try:
         from megatron.core.optimizer.cpu_offloading import HybridDeviceOptimizer
     except ImportError:  # pragma: no cover - a megatron-core without CPU offload
         return []
-    inners = [getattr(inner, "optimizer", None) for inner in getattr(opt, "chained_optimizers", [opt])]
-    return [o for o in inners if isinstance(o, HybridDeviceOptimizer)]
+    return [o for o in torch_optimizers if isinstance(o, HybridDeviceOptimizer)]
 
 
 def pin_cpu_share(hybrid) -> int:
@@ -32,7 +31,7 @@ def pin_cpu_share(hybrid) -> int:
     for cpu_opt in hybrid.cpu_optimizers:
         for group in cpu_opt.param_groups:
             for p in group["params"]:
-                if p.device.type == "cpu" and not p.is_pinned():
+                if not p.is_pinned():  # a state load rebuilds them pageable
                     p.data = p.data.pin_memory()
                     moved += p.numel() * p.element_size()
     return moved
@@ -42,4 +41,4 @@ def pin_after_every_load(hybrid) -> None:
     """pin_cpu_share now and after every load_state_dict (registered after megatron's own hook,
     which rebuilds the CPU copies)."""
     pin_cpu_share(hybrid)
-    hybrid.register_load_state_dict_post_hook(lambda optimizer: pin_cpu_share(optimizer))
+    hybrid.register_load_state_dict_post_hook(pin_cpu_share)

@@ -107,7 +107,7 @@ class Optimizer:
         self.schedule = lr_schedule(cfg, total_steps, per_step)
         self._apply_lr()
         self._fuse_torch_adam()
-        for hybrid in cpu_adam.hybrid_optimizers(self.opt):  # megatron's CPU optimizer offload
+        for hybrid in cpu_adam.hybrid_optimizers(self._megatron_torch_optimizers()):  # megatron's CPU offload
             cpu_adam.pin_after_every_load(hybrid)
 
     @property
@@ -115,15 +115,16 @@ class Optimizer:
         """'distributed' or 'plain': megatron-core's two optimizers save different state dicts."""
         return "distributed" if self.model.ddp_config.use_distributed_optimizer else "plain"
 
+    def _megatron_torch_optimizers(self) -> list:
+        """The torch optimizer each megatron optimizer (chained or not) wraps: torch's or TE's / Apex's
+        Adam, or megatron's HybridDeviceOptimizer (CPU optimizer offload)."""
+        inners = [getattr(inner, "optimizer", None) for inner in getattr(self.opt, "chained_optimizers", [self.opt])]
+        return [o for o in inners if o is not None]
+
     def _torch_optimizers(self) -> list:
         """The torch optimizers doing the work: one per megatron optimizer, or the GPU and CPU
         parts of megatron's HybridDeviceOptimizer (CPU optimizer offload)."""
-        out = []
-        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
-            torch_opt = getattr(inner, "optimizer", None)
-            if torch_opt is not None:
-                out.extend(getattr(torch_opt, "sub_optimizers", [torch_opt]))
-        return out
+        return [sub for o in self._megatron_torch_optimizers() for sub in getattr(o, "sub_optimizers", [o])]
 
     def state_tensors(self) -> list[torch.Tensor]:
         """Every tensor the optimizer keeps: its parameters (fp32 main weights; for an fp32 model
@@ -141,8 +142,7 @@ class Optimizer:
         default multi-tensor loop; on GPUs torch's fused kernel reads and writes each
         parameter's state once (about 2x faster on a 0.5B model). Set before the first step,
         which creates the step counters on the device as the fused kernel needs."""
-        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
-            torch_opt = getattr(inner, "optimizer", None)
+        for torch_opt in self._megatron_torch_optimizers():
             if not isinstance(torch_opt, torch.optim.AdamW):
                 continue  # TE's or Apex's fused Adam
             for group in torch_opt.param_groups:
@@ -216,8 +216,8 @@ class Optimizer:
     def reset(self) -> None:
         """Back to no state (a checkpoint taken before the first step), main copies refreshed."""
         self._state_ready()
-        for inner in getattr(self.opt, "chained_optimizers", [self.opt]):
-            inner.optimizer.state.clear()
+        for torch_opt in self._megatron_torch_optimizers():
+            torch_opt.state.clear()
         for torch_opt in self._torch_optimizers():  # the CPU offload's parts hold their own
             torch_opt.state.clear()
         self.steps = 0
