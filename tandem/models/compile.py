@@ -11,8 +11,9 @@ embedding, the LM head, the loss and megatron's schedule and DDP hooks stay eage
 
 So that a later run loads these graphs from torch's on-disk caches instead of compiling them again,
 no torch.autograd.Function should be in them (AOTAutograd's cache refuses those by default): the
-compiled layers' linears get a plain matmul forward where they have nothing to communicate, and their
-MLP the unfused activation. The Functions that remain (shared-prompt attention, megatron's
+compiled layers' linears get a plain matmul forward where they have nothing to communicate (a custom op
+whose backward adds the weight gradient into megatron's fp32 main_grad), and their MLP the unfused
+activation. The Functions that remain (shared-prompt attention, megatron's
 tensor-parallel mappings) are marked cacheable under a key of their sources' versions
 (`cache_autograd_functions`). And every layer gets its input with the same strides (one graph for
 all, the first too).
@@ -28,6 +29,8 @@ import logging
 import warnings
 
 import torch
+
+from tandem.models.main_grad_linear import matmul_wt
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +100,8 @@ def plain_linears(layer) -> int:
     same matmul and bias add inside torch.autograd.Functions (one per linear, and the identity
     copy / reduce regions), which AOTAutograd's on-disk cache refuses: every run traced and
     partitioned the training graph again (~40 s of a 0.5B first step with a warm cache). Same
-    arithmetic, gradients from autograd. -> how many linears."""
+    arithmetic; the weight gradient goes straight into megatron's fp32 main_grad
+    (tandem/models/main_grad_linear.py). -> how many linears."""
     from megatron.core import tensor_parallel as tpl
 
     n = 0
@@ -138,14 +142,14 @@ def _communication_free(linear) -> bool:
 
 def _column_forward(self, input_, weight=None, runtime_gather_output=None):
     weight = self.weight if weight is None else weight
-    output = torch.matmul(input_, weight.t())  # as megatron's LinearWithGradAccumulation...: then + bias
+    output = matmul_wt(input_, weight)  # as megatron's LinearWithGradAccumulation...: then + bias
     if self.bias is not None and not self.skip_bias_add:
         output = output + self.bias
     return output, (self.bias if self.skip_bias_add else None)
 
 
 def _row_forward(self, input_):
-    output = torch.matmul(input_, self.weight.t())
+    output = matmul_wt(input_, self.weight)
     if self.skip_bias_add:
         return output, self.bias
     return (output + self.bias if self.bias is not None else output), None

@@ -31,13 +31,19 @@ def _batch(drop_last: bool = False):
 
 
 def _loss_and_grads(model, drop_last: bool = False):
+    model.zero_grad(set_to_none=True)
+    lp = _backward(model, drop_last)
+    return lp, {n: q.grad.clone() for n, q in model.named_parameters()}
+
+
+def _backward(model, drop_last: bool = False):
+    """One packed micro-batch's forward and backward -> its log-probs."""
     from tandem.data.batch import DataProto
     from tandem.train.losses import response_log_probs
 
     ids, mask = _batch(drop_last)
     mb = DataProto(tensors={"input_ids": ids, "attention_mask": mask, "responses": ids[:, 5:],
                             "response_mask": mask[:, 5:]})
-    model.zero_grad(set_to_none=True)
     p = Packing(mask)
     p.keep_responses(4)
     dev = next(model.parameters()).device  # CPU in CI; the GPU's where there is one
@@ -45,7 +51,7 @@ def _loss_and_grads(model, drop_last: bool = False):
         out = model(p.pack(ids).to(dev), None, None, packed_seq_params=p.params(dev))
     lp, ent = response_log_probs(PackedOutput(out, p), mb, 1.0, with_entropy=True, entropy_grad=True)
     ((lp - 0.1 * ent) * mb["response_mask"].to(dev)).sum().backward()
-    return lp.detach(), {n: q.grad.clone() for n, q in model.named_parameters()}
+    return lp.detach()
 
 
 def test_compiled_layers_match_eager(megatron_dist):
@@ -115,6 +121,36 @@ def test_one_training_graph_for_all_layers_and_it_can_be_cached(megatron_dist):
     assert sum(len(entries(c.__code__)) for c in codes) == 1
     assert sum(counters["graph_break"].values()) == breaks
     assert counters["aot_autograd"]["autograd_cache_bypass"] == bypass
+
+
+def test_weight_gradients_go_straight_into_megatrons_main_grad(megatron_dist):
+    """Under megatron DDP the compiled layers' linears add each micro-batch's weight gradient into the
+    fp32 main_grad themselves and DDP's hook adds nothing more: two micro-batches give the eager
+    model's main_grad, and the layers are still one graph."""
+    from torch._dynamo.utils import counters
+
+    from tandem.train.optim import wrap_ddp
+
+    torch._dynamo.reset()
+    eager, compiled = _model(), _model()
+    ddps = [wrap_ddp(m) for m in (eager, compiled)]
+    layer_compile.compile_layers(compiled)
+    breaks = sum(counters["graph_break"].values())
+    for model, ddp in zip((eager, compiled), ddps):
+        ddp.zero_grad_buffer()
+        for drop in (False, True):
+            _backward(model, drop)
+    assert sum(counters["graph_break"].values()) == breaks
+    linears = [n for n, _ in compiled.decoder.named_parameters() if "linear" in n and n.endswith("weight")]
+    assert len(linears) == 3 * 4
+    for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
+        assert p.grad is None, name  # DDP's hook took every gradient
+        scale = q.main_grad.abs().max().clamp(min=1e-3)
+        assert (p.main_grad - q.main_grad).abs().max() / scale < 1e-4, name
+        assert p.grad_added_to_main_grad == (name.removeprefix("decoder.") in linears), name
+    entries = torch._dynamo.eval_frame._debug_get_cache_entry_list
+    codes = (torch.nn.Module._call_impl, type(compiled.decoder.layers[0]).forward)
+    assert sum(len(entries(c.__code__)) for c in codes) == 1
 
 
 def test_plain_linears_give_megatrons_outputs_and_gradients(megatron_dist):
