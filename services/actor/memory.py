@@ -20,6 +20,7 @@ ACTOR_PHASES = {
     "weights": {"policy"},  # export for a standalone rollout or Hugging Face
     "checkpoint": {"policy", "ref", "optimizer"},  # save, load, reference := policy
 }
+READS_ONLY = {"ref_log_probs": {"ref"}}  # the reference's weights change only in `checkpoint`
 
 
 def actor_memory(worker) -> MemoryPhases:
@@ -28,7 +29,7 @@ def actor_memory(worker) -> MemoryPhases:
     idle after each call (verl's behaviour); a colocated one keeps what the next call may use."""
     cfg = worker.cfg.actor_rollout_ref
     m = cfg.actor.megatron
-    memory = MemoryPhases(ACTOR_PHASES, idle_after_call=cfg.rollout.mode == "standalone")
+    memory = MemoryPhases(ACTOR_PHASES, idle_after_call=cfg.rollout.mode == "standalone", reads_only=READS_ONLY)
     memory.add(params_group("policy", worker.policy, m.param_offload))
     memory.add(grads_group(worker.ddp, m.grad_offload))
     memory.add(optimizer_group(lambda: [o for o in (worker.optimizer, worker.sft_optimizer) if o is not None],

@@ -56,25 +56,39 @@ class HostStash:
         self._spare: dict[int, list[torch.Tensor]] = defaultdict(list)  # host buffers by size, for reuse
         self._copies = device.CopyStream()
         self._reloaded = None  # event: the last reload's copies have run
+        # device storage (by address) -> the host buffer it was last reloaded from: the same bytes until written
+        self._mirror: dict[int, torch.Tensor] = {}
 
     @property
     def nbytes_on_host(self) -> int:
         return sum(host.numel() for _, host in self._held)
 
-    def offload(self, storages: list) -> int:
-        """Copy `storages` (from `distinct_storages`) to host memory, then free them on the device. -> bytes moved."""
+    def offload(self, storages: list, unchanged: bool = False) -> int:
+        """Copy `storages` (from `distinct_storages`) to host memory, then free them on the device.
+        unchanged: the caller knows nothing wrote them since the last reload, so those whose bytes are
+        still in the host buffer they came from are freed without a copy. -> bytes copied."""
         device.wait_on_host(self._reloaded)  # host buffers a reload may still be reading
-        moved = []
+        reuse, sizes = {}, {s.data_ptr(): s.nbytes() for s in storages}
+        for ptr, host in self._mirror.items():
+            if unchanged and sizes.get(ptr) == host.numel():
+                reuse[ptr] = host
+            else:
+                self._spare[host.numel()].append(host)
+        self._mirror = {}
+        moved, copied = [], 0
         with self._copies.run():
             for s in storages:
-                host = self._spare[s.nbytes()].pop() if self._spare[s.nbytes()] else device.host_bytes(s.nbytes())
-                host.copy_(_bytes(s), non_blocking=True)
+                host = reuse.pop(s.data_ptr(), None)
+                if host is None:
+                    host = self._spare[s.nbytes()].pop() if self._spare[s.nbytes()] else device.host_bytes(s.nbytes())
+                    host.copy_(_bytes(s), non_blocking=True)
+                    copied += host.numel()
                 moved.append((s, host))
         device.wait_on_host(self._copies.record())  # the bytes are out before the storage goes
         for s, _ in moved:
             s.resize_(0)
         self._held.extend(moved)
-        return sum(host.numel() for _, host in moved)
+        return copied
 
     def reload(self, wait: bool = True) -> int:
         """Give every stashed storage its bytes back. With CUDA the copies run on a side stream and
@@ -95,8 +109,7 @@ class HostStash:
             for s, host in held:
                 _bytes(s).copy_(host, non_blocking=True)
         self._reloaded = self._copies.record()
-        for _, host in held:
-            self._spare[host.numel()].append(host)
+        self._mirror = {s.data_ptr(): host for s, host in held}
         if wait:
             self.ready()
         return sum(host.numel() for _, host in held)
@@ -108,9 +121,10 @@ class HostStash:
     def drop(self) -> None:
         """Forget what is stashed and the spare buffers (the state's owner is being discarded)."""
         device.wait_on_host(self._reloaded)
-        self._held, self._spare = [], defaultdict(list)
+        self._held, self._spare, self._mirror = [], defaultdict(list), {}
 
     def free_host_memory(self) -> None:
         """Drop the spare host buffers (what is stashed stays)."""
         device.wait_on_host(self._reloaded)
         self._spare.clear()
+        self._mirror.clear()

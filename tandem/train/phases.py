@@ -10,7 +10,9 @@ other processes (the critic; a standalone actor) also enters `idle` after each c
 offloaded groups leave the device between calls (verl's behaviour) and the memory goes back to
 the driver. verl's keys map to groups: `param_offload` (parameters, pinned host memory),
 `grad_offload` (gradient buffers, dropped: every mini-batch zeroes them anyway),
-`optimizer_offload` (fp32 main weights and Adam moments, pinned host memory).
+`optimizer_offload` (fp32 main weights and Adam moments, pinned host memory). A phase may declare
+groups it only reads (`reads_only`): a group that no other phase used since it came back leaves
+without being copied again (the frozen reference, 15 GB at 7B, once per step).
 
 Deliberately not here: how bytes move (offload.py); which phases a role has (its worker).
 """
@@ -37,13 +39,18 @@ class StateGroup:
     on_device: bool = True
     before_out: list[Callable[[], object]] = field(default_factory=list)  # e.g. release CUDA graphs on it
     stash: HostStash | None = None  # where its bytes wait, for groups that are copied out
+    # how it leaves when no phase wrote it since it came in (None: as move_out): its host copy is still good
+    unchanged_out: Callable[[], object] | None = None
+    written: bool = True  # a phase that may write it ran since it last came in (or it never left)
 
 
 class MemoryPhases:
     """A worker's state groups and its current phase; `phase(name)` around every call."""
 
-    def __init__(self, uses: dict[str, set[str]], idle_after_call: bool = False):
+    def __init__(self, uses: dict[str, set[str]], idle_after_call: bool = False,
+                 reads_only: dict[str, set[str]] | None = None):
         self.uses = {**uses, IDLE: set()}
+        self.reads_only = reads_only or {}  # phase -> the groups it uses but never writes
         self.idle_after_call = idle_after_call
         self.groups: dict[str, StateGroup] = {}
         self.current = IDLE
@@ -67,12 +74,14 @@ class MemoryPhases:
             if g.offload and g.on_device and g.name not in used:
                 for fn in g.before_out:
                     fn()
-                g.move_out()
+                (g.unchanged_out if g.unchanged_out is not None and not g.written else g.move_out)()
                 g.on_device, moved_out = False, True
         for g in self.groups.values():
             if g.name in used and not g.on_device:
                 g.move_in()
-                g.on_device = True
+                g.on_device, g.written = True, False
+            if g.name in used and g.name not in self.reads_only.get(phase, ()):
+                g.written = True
         if moved_out and phase == IDLE:
             device.empty_cache()  # other processes on this GPU get the memory
         self.current = phase
@@ -103,10 +112,12 @@ class MemoryPhases:
 # ---- the groups model workers have --------------------------------------------------------------
 
 def params_group(name: str, model, offload: bool) -> StateGroup:
-    """A model's parameters, stashed in (pinned) host memory while out."""
+    """A model's parameters, stashed in (pinned) host memory while out; when only read since they came
+    back (the reference in its log-prob pass), they leave without a copy: the host still has them."""
     stash = HostStash()
     return StateGroup(name, offload, lambda: stash.offload(distinct_storages(model.parameters())),
-                      lambda: stash.reload(wait=True), stash=stash)
+                      lambda: stash.reload(wait=True), stash=stash,
+                      unchanged_out=lambda: stash.offload(distinct_storages(model.parameters()), unchanged=True))
 
 
 def grads_group(ddp, offload: bool) -> StateGroup:

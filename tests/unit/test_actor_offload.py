@@ -125,6 +125,21 @@ def test_each_phase_leaves_the_tensors_where_it_says_and_loses_nothing(megatron_
     assert state_bytes(ref) == 0 and opt.before_step is not None  # the step will wait for the copies
     grpo_step(front, rollout, arithmetic_tokenizer, seed=2)  # and training goes on from there
     assert opt.before_step is None and opt.steps == 4
+    # only read since it came back, the reference leaves without a copy; once a phase may write it
+    # (reference := policy), it is copied out again, and its new weights are what comes back
+    stash, copied = actor.memory.groups["ref"].stash, []
+    offload = stash.offload
+    stash.offload = lambda *a, **k: copied.append(offload(*a, **k)) or copied[-1]
+    actor.memory.enter("ref_log_probs")
+    actor.memory.enter("train")
+    actor.set_reference()
+    with torch.no_grad():
+        new_ref = [p.detach().clone() for p in actor.ref.parameters()]
+    actor.memory.enter("train")
+    actor.memory.enter("ref_log_probs")
+    assert copied[0] == 0 and copied[1] == sum(p.numel() * p.element_size() for p in ref)
+    assert not all(torch.equal(n, s) for n, s in zip(new_ref, ref_saved))
+    assert all(torch.equal(p.detach(), n) for p, n in zip(ref, new_ref))
 
 
 @pytest.mark.parametrize("save_offloaded", [True, False])

@@ -30,15 +30,33 @@ def test_stash_reuses_its_host_buffers_and_excludes_what_it_is_told():
     stash.offload(distinct_storages([t, keep], exclude=[keep]))
     assert keep.untyped_storage().nbytes() == 32 and t.untyped_storage().nbytes() == 0
     stash.reload()
-    first = stash._spare[32][0]
+    first = stash._mirror[t.untyped_storage().data_ptr()]
     t.mul_(2)  # the tensor changes on the device; the next offload carries the new values
     want = t.clone()
-    stash.offload(distinct_storages([t]))
+    assert stash.offload(distinct_storages([t])) == 32
     assert stash._held[0][1] is first  # the same host buffer, not a new one
     stash.reload()
     assert torch.equal(t, want)
     stash.free_host_memory()
-    assert not stash._spare
+    assert not stash._spare and not stash._mirror
+
+
+def test_an_unchanged_storage_leaves_without_a_copy_and_comes_back_the_same():
+    t, u = torch.randn(8), torch.randn(4)
+    want = (t.clone(), u.clone())
+    stash = HostStash()
+    assert stash.offload(distinct_storages([t, u]), unchanged=True) == 48  # never reloaded: nothing to reuse
+    stash.reload()
+    assert stash.offload(distinct_storages([t, u]), unchanged=True) == 0  # the host still has both
+    assert t.untyped_storage().nbytes() == 0 and stash.nbytes_on_host == 48
+    stash.reload()
+    assert torch.equal(t, want[0]) and torch.equal(u, want[1])
+    u.add_(1)  # written: its owner must not say unchanged, and without it everything is copied
+    assert stash.offload(distinct_storages([t, u])) == 48
+    stash.reload()
+    assert torch.equal(u, want[1] + 1)
+    stash.drop()
+    assert not stash._mirror
 
 
 class Recorder:
@@ -77,6 +95,23 @@ def test_a_phase_moves_out_what_it_does_not_use_then_moves_in_what_it_uses():
     memory.enter("train")  # room first, then what training uses
     assert rec.calls == [("out", "ref"), ("in", "policy"), ("in", "grads"), ("in", "optimizer")]
     assert memory.current == "train"
+
+
+def test_a_group_only_read_since_it_came_in_leaves_the_cheap_way():
+    rec = Recorder()
+    memory = MemoryPhases(PHASES, reads_only={"ref_log_probs": {"ref"}})
+    for name in ("policy", "ref"):
+        g = memory.add(rec.group(name, True))
+        g.unchanged_out = lambda name=name: rec.calls.append(("out unchanged", name))
+    memory.enter("train")
+    memory.enter("ref_log_probs")
+    memory.enter("train")  # the reference was only read: its host copy is still good
+    memory.enter("ref_log_probs")  # the policy was trained: copied out
+    memory.uses["checkpoint"] = {"policy", "ref"}
+    memory.enter("checkpoint")  # may write the reference (reference := policy)
+    memory.enter("generate")
+    assert rec.calls == [("out", "ref"), ("out", "policy"), ("in", "ref"), ("out unchanged", "ref"), ("in", "policy"),
+                         ("out", "policy"), ("in", "ref"), ("in", "policy"), ("out", "ref")]
 
 
 def test_groups_whose_key_is_off_never_leave():
