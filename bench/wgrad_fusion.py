@@ -7,7 +7,7 @@ main_grad itself (tandem/models/main_grad_linear.py), alternating on the same te
 Per linear (attention QKV and output, MLP up+gate and down) at each token count: milliseconds of
 each way, their ratio, the fused GEMM's TFLOP/s and its largest difference from the unfused result
 (relative to the largest value; the fused one rounds once, in fp32). Then the layer's totals and
-the machine. Needs CUDA.
+the machine. The difference is taken after two micro-batches added onto a random gradient. Needs CUDA.
 """
 from __future__ import annotations
 
@@ -60,9 +60,10 @@ def main() -> None:
             def fused():
                 weight_grad(weight, dy, x)
 
-            results = []
-            for fn in (unfused, fused):
-                weight.main_grad.zero_()
+            results, start = [], torch.randn(out_f, in_f, device="cuda") * tokens ** 0.5  # a product's scale
+            for fn in (unfused, fused):  # twice onto a gradient already there: accumulation, not assignment
+                weight.main_grad.copy_(start)
+                fn()
                 fn()
                 results.append(weight.main_grad.clone())
             diff = ((results[0] - results[1]).abs().max() / results[0].abs().max()).item()

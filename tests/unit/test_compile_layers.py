@@ -123,16 +123,18 @@ def test_one_training_graph_for_all_layers_and_it_can_be_cached(megatron_dist):
     assert counters["aot_autograd"]["autograd_cache_bypass"] == bypass
 
 
-def test_weight_gradients_go_straight_into_megatrons_main_grad(megatron_dist):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_weight_gradients_go_straight_into_megatrons_main_grad(megatron_dist, dtype):
     """Under megatron DDP the compiled layers' linears add each micro-batch's weight gradient into the
     fp32 main_grad themselves and DDP's hook adds nothing more: two micro-batches give the eager
-    model's main_grad, and the layers are still one graph."""
+    model's main_grad, and the layers are still one graph. (bf16 weights: on a GPU the GEMM's fp32
+    output path, on the CPU a bf16 product added in fp32, as the eager path does.)"""
     from torch._dynamo.utils import counters
 
     from tandem.train.optim import wrap_ddp
 
     torch._dynamo.reset()
-    eager, compiled = _model(), _model()
+    eager, compiled = _model().to(dtype), _model().to(dtype)
     ddps = [wrap_ddp(m) for m in (eager, compiled)]
     layer_compile.compile_layers(compiled)
     breaks = sum(counters["graph_break"].values())
@@ -146,7 +148,7 @@ def test_weight_gradients_go_straight_into_megatrons_main_grad(megatron_dist):
     for (name, p), q in zip(compiled.named_parameters(), eager.parameters()):
         assert p.grad is None, name  # DDP's hook took every gradient
         scale = q.main_grad.abs().max().clamp(min=1e-3)
-        assert (p.main_grad - q.main_grad).abs().max() / scale < 1e-4, name
+        assert (p.main_grad - q.main_grad).abs().max() / scale < (1e-4 if dtype == torch.float32 else 3e-2), name
         assert p.grad_added_to_main_grad == (name.removeprefix("decoder.") in linears), name
     entries = torch._dynamo.eval_frame._debug_get_cache_entry_list
     codes = (torch.nn.Module._call_impl, type(compiled.decoder.layers[0]).forward)
