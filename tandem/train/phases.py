@@ -76,11 +76,11 @@ class MemoryPhases:
                     fn()
                 (g.unchanged_out if g.unchanged_out is not None and not g.written else g.move_out)()
                 g.on_device, moved_out = False, True
-        for g in self.groups.values():
-            if g.name in used and not g.on_device:
+        for g in (g for g in self.groups.values() if g.name in used):
+            if not g.on_device:
                 g.move_in()
                 g.on_device, g.written = True, False
-            if g.name in used and g.name not in self.reads_only.get(phase, ()):
+            if g.name not in self.reads_only.get(phase, ()):
                 g.written = True
         if moved_out and phase == IDLE:
             device.empty_cache()  # other processes on this GPU get the memory
@@ -115,9 +115,12 @@ def params_group(name: str, model, offload: bool) -> StateGroup:
     """A model's parameters, stashed in (pinned) host memory while out; when only read since they came
     back (the reference in its log-prob pass), they leave without a copy: the host still has them."""
     stash = HostStash()
-    return StateGroup(name, offload, lambda: stash.offload(distinct_storages(model.parameters())),
-                      lambda: stash.reload(wait=True), stash=stash,
-                      unchanged_out=lambda: stash.offload(distinct_storages(model.parameters()), unchanged=True))
+
+    def move_out(unchanged: bool = False):
+        return stash.offload(distinct_storages(model.parameters()), unchanged=unchanged)
+
+    return StateGroup(name, offload, move_out, lambda: stash.reload(wait=True), stash=stash,
+                      unchanged_out=lambda: move_out(unchanged=True))
 
 
 def grads_group(ddp, offload: bool) -> StateGroup:
