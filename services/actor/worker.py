@@ -93,10 +93,12 @@ class ActorWorker:
     def log_probs_pair(self, policy: list[DataProto | None], ref: list[DataProto | None], temperature: float,
                        entropy: bool, micro_policy: Split, micro_ref: Split) -> tuple[list, list]:
         """log_probs of the policy over `policy`, then of the reference over `ref`, read back once after
-        both: the reference's host work runs while the GPU finishes the policy's pass."""
+        both: the reference's host work runs while the GPU finishes the policy's pass, and an offloaded
+        reference's copies to the device run beside that pass."""
         with self.memory.phase("log_probs"):
+            self.memory.prefetch("ref")
             first = self._log_probs(self.ddp, policy, temperature, entropy, micro_policy, read_back=False)
-        with self.memory.phase("ref_log_probs"):
+            self.memory.enter("ref_log_probs")
             second = self._log_probs(self.ref, ref, temperature, False, micro_ref, read_back=False)
         return rows_on_host(first), rows_on_host(second)
 

@@ -12,7 +12,9 @@ the driver. verl's keys map to groups: `param_offload` (parameters, pinned host 
 `grad_offload` (gradient buffers, dropped: every mini-batch zeroes them anyway),
 `optimizer_offload` (fp32 main weights and Adam moments, pinned host memory). A phase may declare
 groups it only reads (`reads_only`): a group that no other phase used since it came back leaves
-without being copied again (the frozen reference, 15 GB at 7B, once per step).
+without being copied again (the frozen reference, 15 GB at 7B, once per step). A call that knows
+which phase comes next may `prefetch` a group: its copies start at once, beside the current phase's
+work, and the phase that uses it waits for them on the device only.
 
 Deliberately not here: how bytes move (offload.py); which phases a role has (its worker).
 """
@@ -42,6 +44,10 @@ class StateGroup:
     # how it leaves when no phase wrote it since it came in (None: as move_out): its host copy is still good
     unchanged_out: Callable[[], object] | None = None
     written: bool = True  # a phase that may write it ran since it last came in (or it never left)
+    # moves in without the current stream waiting (None: it cannot), and `ready` makes the stream wait
+    start_in: Callable[[], object] | None = None
+    ready: Callable[[], object] | None = None
+    in_flight: bool = False  # started in by `prefetch`; no phase that uses it has waited for it yet
 
 
 class MemoryPhases:
@@ -75,16 +81,29 @@ class MemoryPhases:
                 for fn in g.before_out:
                     fn()
                 (g.unchanged_out if g.unchanged_out is not None and not g.written else g.move_out)()
-                g.on_device, moved_out = False, True
+                g.on_device, g.in_flight, moved_out = False, False, True
         for g in (g for g in self.groups.values() if g.name in used):
             if not g.on_device:
                 g.move_in()
                 g.on_device, g.written = True, False
+            if g.in_flight:
+                g.ready()
+                g.in_flight = False
             if g.name not in self.reads_only.get(phase, ()):
                 g.written = True
         if moved_out and phase == IDLE:
             device.empty_cache()  # other processes on this GPU get the memory
         self.current = phase
+
+    def prefetch(self, name: str) -> None:
+        """Start moving group `name` in now, for a later phase of this call: its copies overlap the
+        current phase's work (the reference's, the old log-prob pass). A no-op where it is on the device
+        or cannot move in asynchronously (it then comes in when its phase starts)."""
+        g = self.groups[name]
+        if g.on_device or g.start_in is None:
+            return
+        g.start_in()
+        g.on_device, g.written, g.in_flight = True, False, True
 
     @contextlib.contextmanager
     def phase(self, name: str):
@@ -120,7 +139,8 @@ def params_group(name: str, model, offload: bool) -> StateGroup:
         return stash.offload(distinct_storages(model.parameters()), unchanged=unchanged)
 
     return StateGroup(name, offload, move_out, lambda: stash.reload(wait=True), stash=stash,
-                      unchanged_out=lambda: move_out(unchanged=True))
+                      unchanged_out=lambda: move_out(unchanged=True), start_in=lambda: stash.reload(wait=False),
+                      ready=stash.ready)
 
 
 def grads_group(ddp, offload: bool) -> StateGroup:

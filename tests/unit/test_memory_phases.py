@@ -114,6 +114,33 @@ def test_a_group_only_read_since_it_came_in_leaves_the_cheap_way():
                          ("out", "policy"), ("in", "ref"), ("in", "policy"), ("out", "ref")]
 
 
+def test_a_prefetched_group_is_waited_for_by_the_phase_that_uses_it_and_leaves_unchanged():
+    rec = Recorder()
+    memory = MemoryPhases(PHASES, reads_only={"ref_log_probs": {"ref"}})
+    memory.add(rec.group("policy", False))
+    ref = memory.add(rec.group("ref", True))
+    ref.start_in = lambda: rec.calls.append(("start in", "ref"))
+    ref.ready = lambda: rec.calls.append(("wait", "ref"))
+    ref.unchanged_out = lambda: rec.calls.append(("out unchanged", "ref"))
+    memory.enter("train")
+    memory.prefetch("policy")  # on the device: nothing to do
+    with memory.phase("log_probs"):
+        memory.prefetch("ref")  # the copies start beside the old log-prob pass
+        assert memory.where()["ref"] == "device" and rec.calls == [("out", "ref"), ("start in", "ref")]
+        memory.enter("ref_log_probs")  # no second move in: a device-side wait
+        memory.enter("ref_log_probs")  # waited once
+    memory.enter("train")
+    memory.prefetch("ref")
+    memory.enter("generate")  # prefetched but not used: it leaves again, never waited for
+    memory.enter("ref_log_probs")
+    assert rec.calls == [("out", "ref"), ("start in", "ref"), ("wait", "ref"), ("out unchanged", "ref"),
+                         ("start in", "ref"), ("out unchanged", "ref"), ("in", "ref")]
+    ref.start_in = None  # a group that cannot move in asynchronously comes in with its phase
+    memory.enter("train")
+    memory.prefetch("ref")
+    assert memory.where()["ref"] == "host"
+
+
 def test_groups_whose_key_is_off_never_leave():
     memory, rec = phases({"ref"})
     for phase in ("generate", "train", "log_probs", "ref_log_probs", "generate"):
