@@ -1,15 +1,21 @@
 """HostStash (tensors' storage to host memory and back) and MemoryPhases (which group moves when),
-without a model: bookkeeping, identity of the tensors, nothing lost, and the phase rules."""
+without a model: bookkeeping, identity of the tensors, nothing lost, and the phase rules. The stash's
+tensors live on this process's device: on a GPU its copies run on the side stream, into pinned memory."""
 import pytest
 import torch
 
+from tandem.parallel import device
 from tandem.train.offload import HostStash, distinct_storages
 from tandem.train.phases import IDLE, MemoryPhases, StateGroup
 
 
+def randn(*shape) -> torch.Tensor:
+    return torch.randn(*shape, device=device.device())
+
+
 def test_stash_frees_the_storage_keeps_the_tensors_and_gives_the_bytes_back():
-    a = torch.nn.Parameter(torch.randn(4, 3))
-    b = torch.randn(5)
+    a = torch.nn.Parameter(randn(4, 3))
+    b = randn(5)
     view = a.detach().view(-1)[2:7]  # shares a's storage
     want = {"a": a.detach().clone(), "b": b.clone(), "view": view.clone()}
     stash = HostStash()
@@ -25,7 +31,7 @@ def test_stash_frees_the_storage_keeps_the_tensors_and_gives_the_bytes_back():
 
 
 def test_stash_reuses_its_host_buffers_and_excludes_what_it_is_told():
-    t, keep = torch.randn(8), torch.randn(8)
+    t, keep = randn(8), randn(8)
     stash = HostStash()
     stash.offload(distinct_storages([t, keep], exclude=[keep]))
     assert keep.untyped_storage().nbytes() == 32 and t.untyped_storage().nbytes() == 0
@@ -42,7 +48,7 @@ def test_stash_reuses_its_host_buffers_and_excludes_what_it_is_told():
 
 
 def test_an_unchanged_storage_leaves_without_a_copy_and_comes_back_the_same():
-    t, u = torch.randn(8), torch.randn(4)
+    t, u = randn(8), randn(4)
     want = (t.clone(), u.clone())
     stash = HostStash()
     assert stash.offload(distinct_storages([t, u]), unchanged=True) == 48  # never reloaded: nothing to reuse
