@@ -20,7 +20,7 @@ KILLS = [("actor", 0, 2), ("critic", 0, 3), ("rollout", 0, 4), ("reward", 0, 5),
 # then the actor hangs: step 7 was the restarted actor's first call of each method (its warm-up, on the
 # configured timeout); step 8's calls have measured deadlines, at least a tenth of services.rpc_timeout_s
 HANG = ("actor", 1, 7, signal.SIGSTOP)
-RPC_TIMEOUT_S = 200
+RPC_TIMEOUT_S = 100
 STATEFUL = [role for role, _, _ in KILLS if role != "reward"] + ["actor"]  # these go back to a checkpoint
 
 

@@ -2,8 +2,8 @@
 
 - a tiny Hugging Face LlamaForSequenceClassification as the reward model (reward service on
   megatron-core) scores and trains;
-- a verl-style compute_score file (tests/helpers/verl_reward_fn.py) trains; a function that raises
-  or exceeds its timeout drops those rows' groups (on_failure=drop) or fails the run (fail), and
+- a verl-style compute_score file (tests/helpers/verl_reward_fn.py; one that trains: test_tandem_run.py's
+  reinforce_pp_entropy case) that raises or exceeds its timeout drops those rows' groups (on_failure=drop) or fails the run (fail), and
   the log names it;
 - an external reward server that fails single rows: the dropped rows never score 0;
 - TLS and bearer tokens on all four roles (PPO, standalone rollout).
@@ -50,16 +50,6 @@ def test_reward_model_run_scores_and_trains(tmp_path):
     assert set(pids) == {"actor", "reward"}
     log = (run_dir / "logs" / "reward.log").read_text()
     assert '"world_size": 1' in log and '"event": "server.serving"' in log
-
-
-def test_verl_compute_score_file_trains(tmp_path):
-    _, metrics, _, _, _ = _run(tmp_path, "custom_fn", [
-        f"custom_reward_function.path={FN_FILE}", "custom_reward_function.name=length_bonus",
-        "custom_reward_function.reward_kwargs.scale=0.5"])
-    steps = _steps(metrics)
-    assert [m["step"] for m in steps] == [1, 2]
-    assert all(m["critic/score/mean"] > 0 for m in steps)  # the length bonus: never 0 for a non-empty response
-    assert all(m["reward/failed_rows"] == 0 for m in steps)
 
 
 def test_a_raising_or_hanging_function_drops_its_rows_by_config(tmp_path):

@@ -1,5 +1,5 @@
 """`tandem run` end to end as a subprocess, on tiny settings: GRPO with the colocated rollout,
-PPO (GAE + critic) with a standalone rollout. Checks the run directory's files, the metrics,
+PPO (GAE + critic) with a standalone rollout, RLOO with KL, REINFORCE++ on a verl-style reward file. Checks the run directory's files, the metrics,
 that every role ran as its own OS process, and that none is left afterwards."""
 import json
 import os
@@ -11,6 +11,7 @@ import sys
 import psutil
 import pytest
 
+REWARD_FN = pathlib.Path(__file__).resolve().parents[1] / "helpers" / "verl_reward_fn.py"
 TINY = ["trainer.sft.total_steps=3", "trainer.sft.batch_size=8", "trainer.total_training_steps=2",
         "data.train_batch_size=4", "actor_rollout_ref.rollout.n=2", "data.builtin_train_size=200",
         "data.builtin_val_size=16", "actor_rollout_ref.actor.ppo_mini_batch_size=2",
@@ -34,9 +35,12 @@ CASES = {
                  "actor_rollout_ref.actor.kl_loss_type=low_var_kl", "algorithm.use_kl_in_reward=true",
                  "algorithm.kl_ctrl.type=adaptive", "actor_rollout_ref.rollout.free_cache_engine=true"],
                 {"actor", "reward"}),
+    # and the reward from a verl-style compute_score file with reward_kwargs (a length bonus: never 0)
     "reinforce_pp_entropy": (["algorithm.adv_estimator=reinforce_plus_plus",
                               "actor_rollout_ref.actor.entropy_coeff=0.01",
-                              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"], {"actor", "reward"}),
+                              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean",
+                              f"custom_reward_function.path={REWARD_FN}", "custom_reward_function.name=length_bonus",
+                              "custom_reward_function.reward_kwargs.scale=0.5"], {"actor", "reward"}),
 }
 
 
@@ -103,7 +107,10 @@ def test_tandem_run(case, tmp_path):
         for k in keys:
             assert isinstance(m.get(k), (int, float)), f"step {m['step']}: {k} missing"
         assert 1 <= m["response_length/mean"] <= 6 and m["timing_s/step"] > 0
-        assert 0.0 <= m["critic/score/mean"] <= 1.0
+        if "custom_reward_function.name=length_bonus" in overrides:  # exact match + 0.5 x length / 10
+            assert 0.0 < m["critic/score/mean"] <= 1.3 and m["reward/failed_rows"] == 0
+        else:
+            assert 0.0 <= m["critic/score/mean"] <= 1.0
     if "ppo" not in case:
         assert all("critic/vf_loss" not in m for m in lines)
     assert any(m["step"] == 0 and "val/accuracy" in m for m in lines)

@@ -16,11 +16,12 @@ def length_bonus(data_source, solution_str, ground_truth, extra_info=None, scale
 
 
 def flaky_score(data_source, solution_str, ground_truth, extra_info=None):
-    """Raises for ground truths divisible by 4, hangs past any timeout for those = 1 mod 4,
-    scores 1.0 otherwise (so a silent 0 from a failed row would show in the mean)."""
+    """Raises for ground truths divisible by 4, hangs past any timeout for those = 1 mod 8 (each
+    costs a test its timeout), scores 1.0 otherwise (so a silent 0 from a failed row would show in
+    the mean)."""
     value = int(ground_truth)
     if value % 4 == 0:
         raise ZeroDivisionError(f"cannot score {value}")
-    if value % 4 == 1:
+    if value % 8 == 1:
         time.sleep(60)
     return 1.0

@@ -26,7 +26,7 @@ def test_verl_shapes_failures_and_timeouts(tmp_path):
         bonus.close()
     flaky = CustomRewardFunction(FN, "flaky_score", timeout_s=1.0, num_workers=2)
     try:
-        out = flaky.score(["a", "b", "c", "d"], ["8", "5", "6", "7"])  # 8: raises; 5: hangs; 6, 7: 1.0
+        out = flaky.score(["a", "b", "c", "d"], ["8", "9", "5", "7"])  # 8: raises; 9: hangs; 5, 7: 1.0
         assert out.failures == {0: "flaky_score raised ZeroDivisionError: cannot score 8",
                                 1: "flaky_score exceeded custom_reward_function.timeout_s=1 (killed)"}
         assert math.isnan(out.scores[0]) and math.isnan(out.scores[1]) and out.scores[2:] == [1.0, 1.0]
