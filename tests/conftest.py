@@ -19,12 +19,24 @@ LAYERS = ("unit", "wire", "services", "multirank", "e2e")
 sys.path.insert(0, str(ROOT / "tests" / "helpers"))
 
 
-def pytest_collection_modifyitems(items):
+# session fixtures that start processes: the files using one run on the same pytest-xdist worker
+SHARED_PROCESSES = ("services", "ppo_reference", "example_server")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    group: dict[str, str] = {}  # test file -> its xdist group: the file, or the shared fixture one of its tests uses
     for item in items:
         layer = Path(item.fspath).relative_to(ROOT / "tests").parts[0]
         if layer not in LAYERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LAYERS)}}}")
         item.add_marker(getattr(pytest.mark, layer))
+        shared = [f for f in SHARED_PROCESSES if f in item.fixturenames]
+        group[item.nodeid.split("::")[0]] = shared[0] if shared else group.get(item.nodeid.split("::")[0], "")
+    if config.pluginmanager.hasplugin("xdist"):  # a file's module fixtures start once: the whole file on one worker
+        for item in items:
+            file = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group(group[file] or file))
 
 
 def _run_ranks(cmds: list[list[str]], timeout: float) -> list[str]:
