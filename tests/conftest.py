@@ -31,12 +31,12 @@ def pytest_collection_modifyitems(config, items):
         if layer not in LAYERS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LAYERS)}}}")
         item.add_marker(getattr(pytest.mark, layer))
+        file = item.nodeid.split("::")[0]
         shared = [f for f in SHARED_PROCESSES if f in item.fixturenames]
-        group[item.nodeid.split("::")[0]] = shared[0] if shared else group.get(item.nodeid.split("::")[0], "")
+        group[file] = shared[0] if shared else group.get(file, file)
     if config.pluginmanager.hasplugin("xdist"):  # a file's module fixtures start once: the whole file on one worker
         for item in items:
-            file = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group(group[file] or file))
+            item.add_marker(pytest.mark.xdist_group(group[item.nodeid.split("::")[0]]))
 
 
 def _run_ranks(cmds: list[list[str]], timeout: float) -> list[str]:

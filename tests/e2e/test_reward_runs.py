@@ -3,8 +3,8 @@
 - a tiny Hugging Face LlamaForSequenceClassification as the reward model (reward service on
   megatron-core) scores and trains;
 - a verl-style compute_score file (tests/helpers/verl_reward_fn.py; one that trains: test_tandem_run.py's
-  reinforce_pp_entropy case) that raises or exceeds its timeout drops those rows' groups (on_failure=drop) or fails the run (fail), and
-  the log names it;
+  reinforce_pp_entropy case) that raises or exceeds its timeout drops those rows' groups
+  (on_failure=drop) or fails the run (fail), and the log names it;
 - an external reward server that fails single rows: the dropped rows never score 0;
 - TLS and bearer tokens on all four roles (PPO, standalone rollout).
 """

@@ -1,6 +1,7 @@
 """`tandem run` end to end as a subprocess, on tiny settings: GRPO with the colocated rollout,
-PPO (GAE + critic) with a standalone rollout, RLOO with KL, REINFORCE++ on a verl-style reward file. Checks the run directory's files, the metrics,
-that every role ran as its own OS process, and that none is left afterwards."""
+PPO (GAE + critic) with a standalone rollout, RLOO with KL, REINFORCE++ on a verl-style reward file.
+Checks the run directory's files, the metrics, that every role ran as its own OS process, and that
+none is left afterwards."""
 import json
 import os
 import pathlib
